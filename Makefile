@@ -1,0 +1,32 @@
+# `make demo` and `make test` each set everything up on a fresh machine first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# torch is pinned to the CPU build that CI machines carry; triton to the
+# release whose CPU interpreter (TRITON_INTERPRET=1) the tests run under.
+TORCH  ?= torch==2.13.0
+TRITON ?= triton==3.6.0
+
+.PHONY: setup demo test lint gpu-test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" "$(TRITON)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/attnmeta demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,111 @@
+"""The ``attnmeta`` command line: compile, inspect, demo."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from attnmeta.compiler import CompileOptions, OptionsError, PassError, SplitError, compile_backend
+from attnmeta.compiler.ir import SpecError, VerifyError
+
+from . import list_backends
+
+USER_ERRORS = (SplitError, VerifyError, SpecError, OptionsError, KeyError, ValueError)
+
+
+def cmd_compile(a) -> int:
+    opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
+                          modes=a.modes, capture_sizes=a.capture_sizes or (),
+                          dump_dir=a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR"))
+    cb = compile_backend(a.backend, opts)
+    print(f"compiled {a.backend}: {len(cb.plans)} plans ({len(opts.sizes)} capture sizes x "
+          f"{len(cb.generic)} graph modes) in {cb.seconds:.3f} s")
+    cols = ["mode", "bs", "out_graph", "in_graph", "kernels", "host_ops", "bytes_per_step"]
+    rows = cb.summary()
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print("  ".join(c.rjust(width[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r[c]).rjust(width[c]) for c in cols))
+    print("pass time (s): " + ", ".join(f"{k} {v:.3f}" for k, v in cb.timing.seconds.items()))
+    if opts.dump_dir:
+        print(f"dumps: {os.path.join(opts.dump_dir, a.backend)}/<mode>-bs<N>/NN-<pass>.ir")
+    return 0
+
+
+def cmd_inspect(a) -> int:
+    root = a.dir
+    if not os.path.isdir(root):
+        print(f"no dump directory {root!r}; create one with: attnmeta compile BACKEND --dump-dir {root}",
+              file=sys.stderr)
+        return 2
+    for dirpath, _, files in sorted(os.walk(root)):
+        irs = sorted(f for f in files if f.endswith(".ir"))
+        if irs:
+            print(f"{os.path.relpath(dirpath, root)}:")
+            for f in sorted(files):
+                print(f"  {f}")
+            if a.diff:
+                import difflib
+
+                for x, y in zip(irs, irs[1:], strict=False):
+                    with open(os.path.join(dirpath, x)) as fx, open(os.path.join(dirpath, y)) as fy:
+                        d = list(difflib.unified_diff(fx.readlines(), fy.readlines(), x, y, n=0))
+                    print("".join(d) if d else f"  {y}: no change from {x}\n", end="")
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from .demo import format_result, run_demo
+
+    r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed)
+    print(format_result(r))
+    for f in r.failures[:5]:
+        print(f"  mismatch at step {f[0]} (bs {f[1]}): {', '.join(f[2])}")
+    ok = r.mismatches == 0 and r.max_abs_diff < 1e-5
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnmeta", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="compile a backend spec ahead of serving")
+    c.add_argument("backend", choices=list_backends())
+    c.add_argument("--modes", nargs="+", default=["decode", "idle"])
+    c.add_argument("--max-bs", type=int, default=256)
+    c.add_argument("--capture-sizes", type=int, nargs="+")
+    c.add_argument("--page-size", type=int, default=1)
+    c.add_argument("--max-context-len", type=int, default=4096)
+    c.add_argument("--dump-dir", help="write NN-<pass>.ir/.dot and lowered code per (mode, bs); "
+                                      "also ATTNMETA_DUMP_DIR")
+    c.set_defaults(fn=cmd_compile)
+    i = sub.add_parser("inspect", help="list pass dumps and what each pass changed")
+    i.add_argument("dir")
+    i.add_argument("--diff", action="store_true", help="show the diff between consecutive passes")
+    i.set_defaults(fn=cmd_inspect)
+    d = sub.add_parser("demo", help="serving loop on the default backend, checked against eager every step")
+    d.add_argument("--backend", default="flashinfer", choices=list_backends())
+    d.add_argument("--steps", type=int, default=120)
+    d.add_argument("--max-bs", type=int, default=48)
+    d.add_argument("--device", default=None)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except PassError as e:
+        print(f"attnmeta: internal compiler error: {e}", file=sys.stderr)
+        return 3
+    except USER_ERRORS as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"attnmeta: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The hand-written eager twin of backends/flashinfer.py, written the way
+serving engines write it today: persistent indptr buffers, a fresh
+``kv_indices`` sized by the host-known token sum, a host indptr for plan().
+It is the benchmark baseline and a second, independent oracle."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+
+def gather_kv_indices(req_to_token, rpi, seq_lens, kv_indptr, total: int) -> torch.Tensor:
+    """Flat token-slot indices of every request's prefix, vectorised torch."""
+    bs = seq_lens.shape[0]
+    row = torch.repeat_interleave(torch.arange(bs, device=seq_lens.device), seq_lens.long(), output_size=total)
+    col = torch.arange(total, device=seq_lens.device) - kv_indptr[:-1].long()[row]
+    return req_to_token[rpi.long()[row], col]
+
+
+class EagerFlashInferDecode:
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int):
+        dev = req_to_token.device
+        self.req_to_token = req_to_token
+        self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
+        self.kv_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
+
+    def init_forward_metadata(self, fb) -> SimpleNamespace:
+        bs = fb.batch_size
+        seq_lens = fb.seq_lens[:bs]
+        self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens, 0)
+        kv_indptr = self.kv_indptr[: bs + 1]
+        total = int(fb.seq_lens_cpu[:bs].sum())  # host mirror: no device sync
+        kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq_lens, kv_indptr, total)
+        indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
+        indptr_host[1:] = torch.cumsum(fb.seq_lens_cpu[:bs], 0)
+        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=indptr_host)

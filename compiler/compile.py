@@ -1,0 +1,125 @@
+"""compile_backend: spec -> per-(mode, bs) lowered plans, ahead of serving."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Sequence
+
+import attrs
+
+from .instruments import DumpDir, Instrument, Timing, VerifyEach
+from .ir import Graph, Region, print_graph
+from .lowering.fx import LoweredPlan, lower
+from .modes import ForwardMode
+from .options import CompileOptions, OptionsError
+from .passes.registry import PassContext
+from .pipeline import GENERIC_PASSES, PER_BS_PASSES, run_passes
+from .spec import BackendSpec
+
+
+@attrs.define
+class CompiledBackend:
+    """The compiled artifact: generic graph per mode, lowered plan per (mode, bs)."""
+
+    spec: BackendSpec
+    options: CompileOptions
+    generic: dict[ForwardMode, Graph]
+    plans: dict[tuple[ForwardMode, int], LoweredPlan]
+    timing: Timing
+    seconds: float = 0.0
+
+    def plan(self, mode: ForwardMode, bs: int) -> LoweredPlan:
+        """The plan for (mode, bs); sizes never captured (eager batches) compile on first use."""
+        key = mode.graph_key
+        if key not in self.generic:
+            raise KeyError(f"backend {self.spec.name!r} was compiled for modes "
+                           f"{[m.name.lower() for m in self.generic]}, not {mode.name.lower()}; "
+                           f"add it to CompileOptions.modes")
+        if not 0 <= bs <= self.options.max_bs:
+            raise ValueError(f"batch size {bs} exceeds max_bs={self.options.max_bs} this backend was compiled "
+                             f"for; recompile with a larger max_bs (--max-bs)")
+        if (key, bs) not in self.plans:
+            self.plans[(key, bs)] = _compile_bs(self.generic[key], self.options, key, bs, [VerifyEach()])
+        return self.plans[(key, bs)]
+
+    @property
+    def modes(self) -> tuple[ForwardMode, ...]:
+        return self.options.modes
+
+    def summary(self) -> list[dict]:
+        """Per mode, at the largest captured size: node counts, host ops, bytes copied per step."""
+        rows = []
+        for mode in self.options.modes:
+            bs = max(self.options.sizes)
+            p = self.plan(mode, bs)
+            g = p.graph
+            staged = sum(i.type.numel(g.env) * i.type.dtype.torch.itemsize for i in g.inputs if i.role.value == "batch")
+            rows.append({
+                "mode": mode.name.lower(), "bs": bs,
+                "out_graph": len(g.region_nodes(Region.out_graph)), "in_graph": len(g.region_nodes(Region.in_graph)),
+                "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.type.placement.on_host),
+                "kernels": sum(1 for n in g.region_nodes(Region.in_graph) if n.name not in p.consts),
+                "bytes_per_step": staged, "captured_sizes": len(self.options.sizes),
+            })
+        return rows
+
+    def instantiate(self, req_to_token, device=None, planners=None):
+        """Bind pools and a device: an AttentionBackend with its static buffers allocated once."""
+        from attnmeta.runtime.compiled import CompiledAttentionBackend  # runtime sits above compiler
+
+        return CompiledAttentionBackend(self, req_to_token, device=device, planners=planners)
+
+
+def _compile_bs(g: Graph, options: CompileOptions, mode: ForwardMode, bs: int,
+                instruments: Sequence[Instrument]) -> LoweredPlan:
+    ctx = PassContext(options, mode, bs)
+    plan = lower(run_passes(g, PER_BS_PASSES, ctx, instruments))
+    for i in instruments:
+        if isinstance(i, DumpDir):
+            i.artifact(ctx, "lowered.py", plan.code())
+    return plan
+
+
+def resolve_spec(spec_or_name: BackendSpec | str) -> BackendSpec:
+    if isinstance(spec_or_name, BackendSpec):
+        return spec_or_name
+    # Looked up lazily: backends/ sits above the compiler in the dependency order.
+    backends = importlib.import_module("attnmeta.backends")
+    return backends.get_spec(spec_or_name)
+
+
+def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | None = None,
+                    instruments: Sequence[Instrument] = ()) -> CompiledBackend:
+    """Compile a backend spec for every (mode, captured bs) in ``options``."""
+    options = options or CompileOptions()
+    spec = resolve_spec(spec_or_name)
+    unsupported = [m for m in options.modes if m.graph_key not in spec.modes]
+    if unsupported:
+        raise OptionsError(f"backend {spec.name!r} does not support modes {[m.name.lower() for m in unsupported]}; "
+                           f"it supports {[m.name.lower() for m in spec.modes]}")
+    timing = Timing()
+    inst: list[Instrument] = [timing, *instruments]
+    if options.verify_each:
+        inst.append(VerifyEach())
+    if options.disabled_passes:
+        from .instruments import DisablePasses
+
+        inst.append(DisablePasses(options.disabled_passes))
+    dump = DumpDir(options.dump_dir, spec.name) if options.dump_dir else None
+    if dump:
+        inst.append(dump)
+    t0 = time.perf_counter()
+    generic, plans = {}, {}
+    for mode in dict.fromkeys(m.graph_key for m in options.modes):
+        ctx = PassContext(options, mode)
+        g = spec.build(mode, options)
+        if dump:
+            dump.start(g, ctx)
+        generic[mode] = run_passes(g, GENERIC_PASSES, ctx, inst)
+        for bs in sorted(options.sizes, reverse=True):
+            plans[(mode, bs)] = _compile_bs(generic[mode], options, mode, bs, inst)
+    return CompiledBackend(spec, options, generic, plans, timing, time.perf_counter() - t0)
+
+
+__all__ = ["CompiledBackend", "compile_backend", "print_graph"]

@@ -1,0 +1,151 @@
+"""The spec builder DSL: backends declare their metadata steps with it.
+
+    b = SpecBuilder("flashinfer.decode")
+    seq_lens = b.input("seq_lens", DType.int32, ["bs"], fill=1)
+    with b.in_graph():
+        kv_indptr = b.cumsum(seq_lens, leading_zero=True)
+    b.outputs(kv_indptr=kv_indptr)
+    graph = b.build()
+
+Each node records the spec line that made it, so every later diagnostic
+points back at the author's code. Types are inferred by the op table as
+nodes are added, so a shape error surfaces at the line that caused it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+import attrs
+
+from .graph import Graph, Input, Node, Output, Role
+from .ops import AttrValue, Op, ShapeError, coerce_attrs, infer
+from .types import DType, Placement, Region, TensorType
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class SpecError(ValueError):
+    """A malformed spec: names the spec line and what to change."""
+
+
+def caller_origin() -> str:
+    """``path:line`` of the first frame outside the IR package."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f = f.f_back
+    if f is None:
+        return "<unknown>"
+    path = os.path.abspath(f.f_code.co_filename)
+    rel = os.path.relpath(path, _ROOT) if path.startswith(_ROOT) else os.path.basename(path)
+    return f"{rel}:{f.f_lineno}"
+
+
+@attrs.frozen
+class V:
+    """A value handle returned by the builder."""
+
+    name: str
+    type: TensorType
+
+
+class SpecBuilder:
+    def __init__(self, name: str):
+        self.name = name
+        self._inputs: list[Input] = []
+        self._nodes: list[Node] = []
+        self._outputs: list[Output] = []
+        self._region = Region.in_graph
+        self._movable = False
+        self._n = 0
+        self._names: set[str] = set()
+
+    # --- regions ---
+    @contextlib.contextmanager
+    def _in(self, region: Region, movable: bool) -> Iterator[None]:
+        old = self._region, self._movable
+        self._region, self._movable = region, movable
+        try:
+            yield
+        finally:
+            self._region, self._movable = old
+
+    def in_graph(self):
+        """Steps recorded into the CUDA graph: static-shape device work."""
+        return self._in(Region.in_graph, False)
+
+    def out_graph(self, movable: bool = False):
+        """Host-side steps run before every replay. ``movable``: the author
+        declares the steps pure device work that hoist-upgrades may record."""
+        return self._in(Region.out_graph, movable)
+
+    # --- declarations ---
+    def _fresh(self, name: str | None) -> str:
+        if name is None:
+            self._n += 1
+            name = f"v{self._n}"
+        if name in self._names:
+            raise SpecError(f"{caller_origin()}: value name %{name} is used twice in spec {self.name!r}")
+        self._names.add(name)
+        return name
+
+    def input(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device,
+              fill: int | None = None, role: Role = Role.batch) -> V:
+        t = TensorType(dtype, tuple(shape), placement)
+        self._inputs.append(Input(self._fresh(name), t, role, fill, caller_origin()))
+        return V(name, t)
+
+    def pool(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device) -> V:
+        return self.input(name, dtype, shape, placement, None, Role.pool)
+
+    def op(self, op: Op, *ins: V, name: str | None = None, **a: AttrValue) -> V:
+        origin = caller_origin()
+        a = coerce_attrs(op, a)
+        try:
+            t = infer(op, [v.type for v in ins], a)
+        except ShapeError as e:
+            raise SpecError(f"{origin}: {e}") from None
+        node = Node(self._fresh(name), op, tuple(v.name for v in ins), a, t, self._region, self._movable, origin)
+        self._nodes.append(node)
+        return V(node.name, t)
+
+    # --- sugar for the op table ---
+    def full(self, value: int, shape: list, dtype: DType, placement=Placement.device, name=None) -> V:
+        return self.op(Op.full, value=value, shape=tuple(shape), dtype=dtype, placement=placement, name=name)
+
+    def arange(self, n, start=0, step=1, dtype=DType.int32, placement=Placement.device, name=None) -> V:
+        return self.op(Op.arange, start=start, step=step, n=n, dtype=dtype, placement=placement, name=name)
+
+    def cumsum(self, x: V, leading_zero: bool = True, name=None) -> V:
+        return self.op(Op.cumsum, x, leading_zero=leading_zero, name=name)
+
+    def cast(self, x: V, dtype: DType, name=None) -> V:
+        return self.op(Op.cast, x, dtype=dtype, name=name)
+
+    def ewise(self, fn: str, x: V, y: V | int, name=None) -> V:
+        if isinstance(y, int):
+            return self.op(Op.ewise_const, x, fn=fn, value=y, name=name)
+        return self.op(Op.ewise, x, y, fn=fn, name=name)
+
+    def ragged_gather(self, table: V, rows: V, lens: V, indptr: V, capacity, name=None) -> V:
+        return self.op(Op.ragged_gather, table, rows, lens, indptr, capacity=capacity, name=name)
+
+    def reduce(self, fn: str, x: V, name=None) -> V:
+        return self.op(Op.reduce, x, fn=fn, name=name)
+
+    def host_call(self, target: str, *ins: V, name=None) -> V:
+        return self.op(Op.host_call, *ins, target=target, name=name)
+
+    def outputs(self, ragged: dict[str, str] | None = None, **fields: V) -> None:
+        """Bind metadata fields; ``ragged`` maps a field to the indptr field bounding it."""
+        for f, v in fields.items():
+            self._outputs.append(Output(f, v.name, (ragged or {}).get(f)))
+
+    def build(self) -> Graph:
+        from .verify import verify  # the builder's graphs go through the one verifier
+
+        return verify(Graph(self.name, tuple(self._inputs), tuple(self._nodes), tuple(self._outputs)))

@@ -1,0 +1,111 @@
+"""Graph, nodes, inputs and outputs: a flat SSA program, jaxpr-style.
+
+Everything is frozen; a pass builds a new Graph. Value names are unique
+strings; a node defines exactly one value, named ``node.name``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import networkx as nx
+
+from .ops import AttrValue, Op, norm_attr
+from .types import Region, TensorType
+
+
+class Role(enum.Enum):
+    batch = "batch"  # per-step ForwardBatch field, rows padded to the captured bs
+    pool = "pool"  # persistent tensor bound once (req_to_token, KV pool)
+
+
+def _attrs(a: dict[str, AttrValue] | tuple) -> tuple[tuple[str, AttrValue], ...]:
+    items = a.items() if isinstance(a, dict) else a
+    return tuple(sorted((k, norm_attr(v)) for k, v in items))
+
+
+@attrs.frozen
+class Input:
+    name: str  # the ForwardBatch field or pool name it is bound from
+    type: TensorType
+    role: Role = Role.batch
+    fill: int | None = None  # value written into padded rows (batch inputs)
+    origin: str = ""
+
+
+@attrs.frozen
+class Node:
+    name: str
+    op: Op
+    inputs: tuple[str, ...]
+    attrs: tuple[tuple[str, AttrValue], ...] = attrs.field(converter=_attrs)
+    type: TensorType
+    region: Region
+    movable: bool = False
+    origin: str = ""  # spec line ("backends/flashinfer.py:31") or "pass:<name>"
+
+    @property
+    def a(self) -> dict[str, AttrValue]:
+        return dict(self.attrs)
+
+
+@attrs.frozen
+class Output:
+    field: str  # metadata field name the kernels read
+    value: str
+    ragged_by: str | None = None  # indptr output whose last entry bounds the valid prefix
+
+
+@attrs.frozen
+class Graph:
+    name: str
+    inputs: tuple[Input, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Output, ...]
+    symbols: tuple[tuple[str, int], ...] = attrs.field(converter=lambda s: tuple(sorted(dict(s).items())), default=())
+
+    # --- lookups (derived, never stored) ---
+    def types(self) -> dict[str, TensorType]:
+        t = {i.name: i.type for i in self.inputs}
+        t.update((n.name, n.type) for n in self.nodes)
+        return t
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node named %{name} in graph {self.name}")
+
+    def input(self, name: str) -> Input:
+        for i in self.inputs:
+            if i.name == name:
+                return i
+        raise KeyError(f"no input named %{name} in graph {self.name}")
+
+    def producers(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def users(self) -> dict[str, list[Node]]:
+        u: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                u.setdefault(i, []).append(n)
+        return u
+
+    def region_nodes(self, region: Region) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.region is region)
+
+    @property
+    def env(self) -> dict[str, int]:
+        return dict(self.symbols)
+
+    def to_nx(self) -> nx.DiGraph:
+        """Dataflow as a networkx DiGraph (values are vertices)."""
+        g = nx.DiGraph()
+        for i in self.inputs:
+            g.add_node(i.name, kind="input", role=i.role.value)
+        for n in self.nodes:
+            g.add_node(n.name, kind="node", op=n.op.value, region=n.region.value)
+            g.add_edges_from((i, n.name) for i in n.inputs)
+        return g

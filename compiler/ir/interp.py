@@ -1,0 +1,42 @@
+"""Reference interpreter: evaluates any graph on CPU tensors via the op
+table's reference implementations. The oracle for every pass and lowering."""
+
+from __future__ import annotations
+
+import torch
+
+from .graph import Graph
+from .ops import OPS, Op
+
+
+class InterpError(RuntimeError):
+    pass
+
+
+def eval_graph(g: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
+    """Run ``g`` on ``inputs`` (name -> tensor); returns output field -> value."""
+    env: dict[str, torch.Tensor | None] = {}
+    for i in g.inputs:
+        if i.name not in inputs:
+            raise InterpError(f"graph {g.name!r} needs input %{i.name} ({i.type})")
+        env[i.name] = inputs[i.name].cpu()
+    calls = []
+    for n in g.nodes:
+        args = [env[x] for x in n.inputs]
+        if n.op is Op.host_call:
+            calls.append((n.a["target"], args))
+        env[n.name] = OPS[n.op].ref(args, n.a)
+    out = {o.field: env[o.value] for o in g.outputs}
+    return out
+
+
+def valid_prefix(g: Graph, outs: dict[str, torch.Tensor | None], field: str) -> torch.Tensor:
+    """The meaningful part of an output: ragged outputs end at their indptr's last entry."""
+    o = next(o for o in g.outputs if o.field == field)
+    t = outs[field]
+    assert t is not None
+    if o.ragged_by is None:
+        return t
+    ind = outs[o.ragged_by]
+    assert ind is not None
+    return t[: int(ind[-1])] if ind.numel() else t[:0]

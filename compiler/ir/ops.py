@@ -1,0 +1,249 @@
+"""The op table: one entry per op, the single source of truth for
+shape rules, attribute schemas, recordability and reference semantics.
+
+A reference implementation is plain torch on CPU tensors, written for
+clarity, not speed: it is the oracle the interpreter runs and every pass and
+lowering is compared against.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+
+import attrs
+import sympy
+import torch
+
+from .types import DType, Dynamic, Placement, TensorType, dim
+
+AttrValue = int | bool | str | sympy.Expr | Dynamic | DType | tuple
+Attrs = dict[str, AttrValue]
+
+
+class Op(enum.Enum):
+    full = "full"
+    arange = "arange"
+    cumsum = "cumsum"
+    cast = "cast"
+    ewise = "ewise"
+    ewise_const = "ewise_const"
+    ragged_gather = "ragged_gather"
+    reduce = "reduce"
+    item = "item"
+    to_host = "to_host"
+    to_device = "to_device"
+    nonzero = "nonzero"
+    host_call = "host_call"
+
+
+class ShapeError(ValueError):
+    """An op applied to inputs its shape rule rejects."""
+
+
+@attrs.frozen
+class OpInfo:
+    arity: int | None  # None: variadic
+    attrs: dict[str, type | tuple[type, ...]]
+    infer: Callable[[Sequence[TensorType], Attrs], TensorType]
+    ref: Callable[[Sequence[torch.Tensor], Attrs], torch.Tensor | None]
+    recordable: bool  # may run inside a captured CUDA graph
+    syncs: bool = False  # device->host synchronisation
+    doc: str = ""
+
+
+EWISE = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "min": torch.minimum,
+    "max": torch.maximum,
+}
+REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+_DIM = (sympy.Expr, Dynamic)
+
+
+def _one_d(t: TensorType, what: str) -> None:
+    if len(t.shape) != 1:
+        raise ShapeError(f"{what} must be 1-D, got {t}")
+
+
+def _infer_full(ins, a):
+    return TensorType(a["dtype"], a["shape"], a["placement"])
+
+
+def _ref_full(ins, a):
+    shape = [int(d) for d in a["shape"]]
+    return torch.full(shape, a["value"], dtype=a["dtype"].torch)
+
+
+def _infer_arange(ins, a):
+    return TensorType(a["dtype"], (a["n"],), a["placement"])
+
+
+def _ref_arange(ins, a):
+    n = int(a["n"])
+    return torch.arange(n, dtype=torch.int64).mul(a["step"]).add(a["start"]).to(a["dtype"].torch)
+
+
+def _infer_cumsum(ins, a):
+    (x,) = ins
+    _one_d(x, "cumsum input")
+    n = x.shape[0]
+    out = n if isinstance(n, Dynamic) else n + (1 if a["leading_zero"] else 0)
+    return TensorType(x.dtype, (out,), x.placement)
+
+
+def _ref_cumsum(ins, a):
+    (x,) = ins
+    c = torch.cumsum(x, 0, dtype=x.dtype)
+    if a["leading_zero"]:
+        c = torch.cat([torch.zeros(1, dtype=x.dtype), c])
+    return c
+
+
+def _infer_cast(ins, a):
+    (x,) = ins
+    return attrs.evolve(x, dtype=a["dtype"])
+
+
+def _infer_ewise(ins, a):
+    x, y = ins
+    if a["fn"] not in EWISE:
+        raise ShapeError(f"ewise fn must be one of {sorted(EWISE)}, got {a['fn']!r}")
+    if y.shape not in (x.shape, ()):
+        raise ShapeError(f"ewise operands differ in shape: {x} vs {y} (the second may be a scalar)")
+    if x.dtype != y.dtype or x.placement != y.placement:
+        raise ShapeError(f"ewise operands differ in dtype or placement: {x} vs {y}")
+    return x
+
+
+def _infer_ewise_const(ins, a):
+    if a["fn"] not in EWISE:
+        raise ShapeError(f"ewise_const fn must be one of {sorted(EWISE)}, got {a['fn']!r}")
+    return ins[0]
+
+
+def _ref_ewise_const(ins, a):
+    (x,) = ins
+    return EWISE[a["fn"]](x, torch.tensor(a["value"], dtype=x.dtype)).to(x.dtype)
+
+
+def _infer_ragged_gather(ins, a):
+    table, rows, lens, indptr = ins
+    if len(table.shape) != 2:
+        raise ShapeError(f"ragged_gather table must be 2-D [rows, L], got {table}")
+    for t, w in ((rows, "rows"), (lens, "lens"), (indptr, "indptr")):
+        _one_d(t, f"ragged_gather {w}")
+    return TensorType(table.dtype, (a["capacity"],), rows.placement)
+
+
+def _ref_ragged_gather(ins, a):
+    table, rows, lens, indptr = ins
+    out = torch.zeros(int(a["capacity"]), dtype=table.dtype)
+    for i in range(rows.shape[0]):
+        n, s = int(lens[i]), int(indptr[i])
+        out[s : s + n] = table[int(rows[i]), :n]
+    return out
+
+
+def _infer_reduce(ins, a):
+    (x,) = ins
+    if a["fn"] not in REDUCE:
+        raise ShapeError(f"reduce fn must be one of {sorted(REDUCE)}, got {a['fn']!r}")
+    return TensorType(x.dtype, (), x.placement)
+
+
+def _ref_reduce(ins, a):
+    (x,) = ins
+    if x.numel() == 0:
+        return torch.zeros((), dtype=x.dtype)
+    return REDUCE[a["fn"]](x).to(x.dtype)
+
+
+def _to(placement: Placement):
+    def infer(ins, a):
+        (x,) = ins
+        return attrs.evolve(x, placement=placement)
+
+    return infer
+
+
+def _infer_nonzero(ins, a):
+    (x,) = ins
+    return TensorType(DType.int64, (Dynamic(f"nonzero({x.shape[0]})"),), x.placement)
+
+
+def _infer_host_call(ins, a):
+    return TensorType(DType.opaque, (), Placement.host)
+
+
+OPS: dict[Op, OpInfo] = {
+    Op.full: OpInfo(0, {"value": int, "shape": tuple, "dtype": DType, "placement": Placement},
+                    _infer_full, _ref_full, True, doc="constant tensor"),
+    Op.arange: OpInfo(0, {"start": int, "step": int, "n": _DIM, "dtype": DType, "placement": Placement},
+                      _infer_arange, _ref_arange, True, doc="start + step*i, i < n"),
+    Op.cumsum: OpInfo(1, {"leading_zero": bool}, _infer_cumsum, _ref_cumsum, True,
+                      doc="inclusive prefix sum; leading_zero prepends 0 (an indptr)"),
+    Op.cast: OpInfo(1, {"dtype": DType}, _infer_cast, lambda ins, a: ins[0].to(a["dtype"].torch), True),
+    Op.ewise: OpInfo(2, {"fn": str}, _infer_ewise, lambda ins, a: EWISE[a["fn"]](*ins).to(ins[0].dtype), True),
+    Op.ewise_const: OpInfo(1, {"fn": str, "value": int}, _infer_ewise_const, _ref_ewise_const, True),
+    Op.ragged_gather: OpInfo(4, {"capacity": _DIM}, _infer_ragged_gather, _ref_ragged_gather, True,
+                             doc="out[indptr[i] + j] = table[rows[i], j] for j < lens[i]; out sized capacity"),
+    Op.reduce: OpInfo(1, {"fn": str}, _infer_reduce, _ref_reduce, True),
+    Op.item: OpInfo(1, {}, _to(Placement.host), lambda ins, a: ins[0].clone(), False, syncs=True,
+                    doc="device scalar to a host number (blocks)"),
+    Op.to_host: OpInfo(1, {}, _to(Placement.host), lambda ins, a: ins[0].clone(), False, syncs=True),
+    Op.to_device: OpInfo(1, {}, _to(Placement.device), lambda ins, a: ins[0].clone(), False,
+                         doc="host to device copy: an H2D inside capture is illegal"),
+    Op.nonzero: OpInfo(1, {}, _infer_nonzero, lambda ins, a: torch.nonzero(ins[0]).flatten(), False, syncs=True),
+    Op.host_call: OpInfo(None, {"target": str}, _infer_host_call, lambda ins, a: None, False,
+                         doc="opaque host planner (e.g. FlashInfer plan); runs out of graph"),
+}
+
+
+def check_attrs(op: Op, a: Attrs) -> None:
+    """Raise ShapeError if ``a`` does not match the op's attribute schema."""
+    schema = OPS[op].attrs
+    missing, extra = set(schema) - set(a), set(a) - set(schema)
+    if missing or extra:
+        raise ShapeError(f"{op.value}: attributes {sorted(a)} do not match schema {sorted(schema)}"
+                         f" (missing {sorted(missing)}, unexpected {sorted(extra)})")
+    for k, ty in schema.items():
+        v = a[k]
+        if isinstance(v, bool) and ty is int:
+            raise ShapeError(f"{op.value}: attribute {k} must be int, got bool")
+        if not isinstance(v, ty):
+            raise ShapeError(f"{op.value}: attribute {k} must be {ty}, got {type(v).__name__} {v!r}")
+
+
+def infer(op: Op, ins: Sequence[TensorType], a: Attrs) -> TensorType:
+    info = OPS[op]
+    if info.arity is not None and len(ins) != info.arity:
+        raise ShapeError(f"{op.value} takes {info.arity} inputs, got {len(ins)}")
+    check_attrs(op, a)
+    return info.infer(ins, a)
+
+
+def norm_attr(v: AttrValue) -> AttrValue:
+    """Canonical form of an attribute value (dims as sympy, shapes as tuples of dims)."""
+    if isinstance(v, tuple):
+        return tuple(dim(x) for x in v)
+    if isinstance(v, sympy.Basic):
+        return dim(v)
+    return v
+
+
+def coerce_attrs(op: Op, a: Attrs) -> Attrs:
+    """Builder convenience: dims given as ints or strings ("max_bs*L") become sympy dims."""
+    schema = OPS[op].attrs
+    out = {}
+    for k, v in a.items():
+        ty = schema.get(k)
+        if ty == _DIM and isinstance(v, int | str) and not isinstance(v, bool):
+            v = dim(v)
+        elif ty is tuple and isinstance(v, list | tuple):
+            v = tuple(dim(x) for x in v)
+        out[k] = v
+    return out

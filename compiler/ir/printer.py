@@ -1,0 +1,70 @@
+"""Canonical text form. Deterministic; ``parse(print_graph(g)) == g``."""
+
+from __future__ import annotations
+
+import json
+
+import sympy
+
+from .graph import Graph, Input, Node, Output
+from .ops import AttrValue
+from .types import DType, Dynamic, Placement, TensorType, dim_str
+
+
+def fmt_attr(v: AttrValue) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, DType | Placement):
+        return v.value
+    if isinstance(v, Dynamic | sympy.Expr):
+        return json.dumps(dim_str(v))
+    if isinstance(v, tuple):
+        return json.dumps([dim_str(d) for d in v])
+    raise TypeError(f"cannot print attribute {v!r}")
+
+
+def fmt_type(t: TensorType) -> str:
+    return str(t)
+
+
+def fmt_input(i: Input) -> str:
+    s = f"  input %{i.name}: {fmt_type(i.type)} {i.role.value}"
+    if i.fill is not None:
+        s += f" fill={i.fill}"
+    if i.origin:
+        s += f" @{json.dumps(i.origin)}"
+    return s
+
+
+def fmt_node(n: Node) -> str:
+    args = ", ".join(f"%{x}" for x in n.inputs)
+    s = f"  %{n.name} = {n.op.value}({args})"
+    if n.attrs:
+        s += " {" + ", ".join(f"{k}={fmt_attr(v)}" for k, v in n.attrs) + "}"
+    s += f" : {fmt_type(n.type)} {n.region.value}"
+    if n.movable:
+        s += " movable"
+    if n.origin:
+        s += f" @{json.dumps(n.origin)}"
+    return s
+
+
+def fmt_output(o: Output) -> str:
+    s = f"  output {o.field} = %{o.value}"
+    if o.ragged_by:
+        s += f" ragged_by {o.ragged_by}"
+    return s
+
+
+def print_graph(g: Graph) -> str:
+    syms = ", ".join(f"{k}={v}" for k, v in g.symbols)
+    lines = [f"graph {json.dumps(g.name)} [{syms}] {{"]
+    lines += [fmt_input(i) for i in g.inputs]
+    lines += [fmt_node(n) for n in g.nodes]
+    lines += [fmt_output(o) for o in g.outputs]
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,138 @@
+"""Value types of the metadata IR: dtype, symbolic shape, placement.
+
+A dim is a sympy expression over named symbols (``bs``, ``L``, ``max_bs`` ...),
+an int being the constant case, or ``Dynamic``: a data-dependent extent such as
+``sum(seq_lens)`` that no static buffer can be sized for.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+import sympy
+import torch
+
+
+class DType(enum.Enum):
+    int32 = "i32"
+    int64 = "i64"
+    float32 = "f32"
+    bool = "bool"
+    uint8 = "u8"
+    opaque = "opaque"  # planner handles: no tensor data
+
+    @property
+    def torch(self) -> torch.dtype:
+        return _TORCH[self]
+
+    @classmethod
+    def of(cls, dtype: torch.dtype) -> DType:
+        for k, v in _TORCH.items():
+            if v == dtype:
+                return k
+        raise ValueError(f"unsupported torch dtype {dtype}")
+
+
+_TORCH = {
+    DType.int32: torch.int32,
+    DType.int64: torch.int64,
+    DType.float32: torch.float32,
+    DType.bool: torch.bool,
+    DType.uint8: torch.uint8,
+}
+
+
+class Placement(enum.Enum):
+    host = "host"
+    pinned = "pinned"
+    device = "device"
+
+    @property
+    def on_host(self) -> bool:
+        return self is not Placement.device
+
+
+class Region(enum.Enum):
+    out_graph = "out_graph"
+    in_graph = "in_graph"
+
+
+@attrs.frozen
+class Dynamic:
+    """A data-dependent extent; ``why`` says what it depends on."""
+
+    why: str
+
+    def __str__(self) -> str:
+        return f"?{self.why}"
+
+
+Dim = sympy.Expr | Dynamic
+
+# Symbols the specs and options use. One table so the parser and the
+# specializer agree on names.
+SYMBOL_NAMES = ("bs", "max_bs", "R", "L", "P", "W", "T", "D", "K", "S")  # R: req pool rows, bound at instantiate
+SYMBOLS = {n: sympy.Symbol(n, integer=True, nonnegative=True) for n in SYMBOL_NAMES}
+
+
+def dim(x: int | str | sympy.Expr | Dynamic) -> Dim:
+    """Normalise an int, a symbol name, an expression or a Dynamic to a Dim."""
+    if isinstance(x, Dynamic):
+        return x
+    if isinstance(x, bool):
+        raise TypeError("a dim cannot be a bool")
+    if isinstance(x, int):
+        return sympy.Integer(x)
+    if isinstance(x, str):
+        return sympy.sympify(x, locals=SYMBOLS)
+    return sympy.simplify(x) if not x.is_Atom else x
+
+
+def dim_str(d: Dim) -> str:
+    return str(d)
+
+
+def is_static(d: Dim) -> bool:
+    return not isinstance(d, Dynamic)
+
+
+def concrete(d: Dim) -> int | None:
+    """The dim's int value when it has one."""
+    if isinstance(d, Dynamic) or not d.is_Integer:
+        return None
+    return int(d)
+
+
+def _shape(xs: tuple) -> tuple[Dim, ...]:
+    return tuple(dim(x) for x in xs)
+
+
+@attrs.frozen
+class TensorType:
+    dtype: DType
+    shape: tuple[Dim, ...] = attrs.field(converter=_shape)
+    placement: Placement = Placement.device
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(isinstance(d, Dynamic) for d in self.shape)
+
+    def numel(self, env: dict[str, int] | None = None) -> int:
+        n = 1
+        for d in self.shape:
+            if isinstance(d, Dynamic):
+                raise ValueError(f"numel of dynamic shape {self}")
+            v = d.xreplace({SYMBOLS[k]: sympy.Integer(x) for k, x in env.items()}) if env else d
+            if not v.is_Integer:
+                raise ValueError(f"shape {self} is not concrete; unbound symbols {sorted(map(str, v.free_symbols))}")
+            n *= int(v)
+        return n
+
+    def subs(self, env: dict[str, int]) -> TensorType:
+        m = {SYMBOLS[k]: sympy.Integer(v) for k, v in env.items()}
+        return attrs.evolve(self, shape=tuple(d if isinstance(d, Dynamic) else d.xreplace(m) for d in self.shape))
+
+    def __str__(self) -> str:
+        dims = ", ".join(dim_str(d) for d in self.shape)
+        return f"{self.dtype.value}[{dims}]@{self.placement.value}"

@@ -1,0 +1,142 @@
+"""Lower a specialized graph to two torch.fx GraphModules.
+
+- ``out_gm``: the out_graph nodes (host ops, planner calls), run before
+  every replay.
+- ``in_gm``: the in_graph nodes, captured once and replayed; each metadata
+  output is written *in place* into a static buffer passed as ``out__<field>``.
+
+Constant nodes (full, arange) are not lowered into either module: the runtime
+evaluates them once into static buffers at instantiate, so they cost nothing
+per step.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+import sympy
+import torch
+import torch.fx as fx
+
+from ..ir import Graph, Node, Op, Region
+from ..ir.types import DType, Placement
+from .kernels import KERNELS
+
+CONST_OPS = (Op.full, Op.arange)
+DEVICE, PLANNERS = "device", "planners"
+
+
+def out_arg(field: str) -> str:
+    return f"out__{field}"
+
+
+@attrs.frozen
+class LoweredPlan:
+    graph: Graph
+    consts: tuple[str, ...]
+    out_gm: fx.GraphModule
+    out_args: tuple[str, ...]  # placeholder order: value names, DEVICE, PLANNERS
+    out_results: tuple[str, ...]
+    in_gm: fx.GraphModule
+    in_args: tuple[str, ...]  # value names, out__<field>, DEVICE
+    crossing: tuple[str, ...]  # out_graph device values the graph reads: need static buffers
+    in_outputs: tuple[str, ...]  # fields written by in_gm
+
+    def code(self) -> str:
+        return (f"# out_graph of {self.graph.name}\n{self.out_gm.code}\n"
+                f"# in_graph of {self.graph.name}\n{self.in_gm.code}")
+
+
+def kernel_kwargs(n: Node) -> dict:
+    """Attributes as the kernel functions take them (ints, torch dtypes)."""
+    kw = {}
+    for k, v in n.attrs:
+        if isinstance(v, DType):
+            v = v.torch
+        elif isinstance(v, Placement):
+            continue
+        elif isinstance(v, tuple):
+            v = [int(d) for d in v]
+        elif isinstance(v, sympy.Expr):
+            v = int(v)
+        kw[k] = v
+    return kw
+
+
+def eval_const(n: Node, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    dev = torch.device("cpu") if n.type.placement.on_host else device
+    return KERNELS[n.op](**kernel_kwargs(n), device=dev, out=out)
+
+
+def _ident(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.g = fx.Graph()
+        self.args: list[str] = []
+        self.env: dict[str, fx.Node] = {}
+
+    def arg(self, name: str) -> fx.Node:
+        if name not in self.env:
+            self.args.append(name)
+            self.env[name] = self.g.placeholder(_ident(name))
+        return self.env[name]
+
+    def call(self, n: Node, out: fx.Node | None = None) -> fx.Node:
+        ins = [self.env[x] if x in self.env else self.arg(x) for x in n.inputs]
+        kw = kernel_kwargs(n)
+        if n.op is Op.host_call:
+            r = self.g.call_function(KERNELS[Op.host_call], (self.arg(PLANNERS), kw["target"], *ins))
+        elif n.op is Op.to_device:
+            r = self.g.call_function(KERNELS[n.op], tuple(ins), {"device": self.arg(DEVICE), "out": out})
+        else:
+            r = self.g.call_function(KERNELS[n.op], tuple(ins), {**kw, **({"out": out} if out is not None else {})})
+        r.name = _ident(n.name)
+        self.env[n.name] = r
+        return r
+
+    def module(self, results: list[fx.Node]) -> fx.GraphModule:
+        self.g.output(tuple(results))
+        return fx.GraphModule(torch.nn.Module(), self.g)
+
+
+def lower(g: Graph) -> LoweredPlan:
+    """Requires a specialized, split-checked graph. Produces a LoweredPlan."""
+    consts = tuple(n.name for n in g.nodes if n.op in CONST_OPS)
+    const_set = set(consts)
+    in_nodes = [n for n in g.nodes if n.region is Region.in_graph and n.name not in const_set]
+    out_nodes = [n for n in g.nodes if n.region is Region.out_graph and n.name not in const_set]
+    out_names = {n.name for n in out_nodes}
+    in_names = {n.name for n in in_nodes}
+
+    crossing = tuple(dict.fromkeys(x for n in in_nodes for x in n.inputs if x in out_names))
+    out_fields_from_out = [o.value for o in g.outputs if o.value in out_names]
+    ob = _Builder()
+    for n in out_nodes:
+        ob.call(n)
+    out_results = tuple(dict.fromkeys([*crossing, *out_fields_from_out]))
+    out_gm = ob.module([ob.env[x] for x in out_results])
+
+    ib = _Builder()
+    bound: dict[str, str] = {}  # value -> first field whose buffer it is written into
+    for o in g.outputs:
+        if o.value in in_names and o.value not in bound:
+            bound[o.value] = o.field
+    for n in in_nodes:
+        ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
+    in_outputs = []
+    for o in g.outputs:
+        if o.value in out_names or o.value in const_set:
+            continue  # out_graph fields are host values; const fields are filled at instantiate
+        in_outputs.append(o.field)
+        if bound.get(o.value) == o.field:
+            continue
+        # an input passed through, or a value bound to a second field: copy into this field's buffer
+        src = ib.env[o.value] if o.value in ib.env else ib.arg(o.value)
+        ib.g.call_method("copy_", (ib.arg(out_arg(o.field)), src))
+    in_gm = ib.module([])
+    return LoweredPlan(g, consts, out_gm, tuple(ob.args), out_results, in_gm, tuple(ib.args), crossing,
+                       tuple(in_outputs))

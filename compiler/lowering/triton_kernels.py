@@ -1,0 +1,46 @@
+"""Triton kernels for metadata ops.
+
+Without a GPU the kernels run in Triton's CPU interpreter; TRITON_INTERPRET
+must be set before ``triton.jit`` decorates them, hence the set-default at
+import time.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .launch import launch  # noqa: E402
+
+GATHER_BLOCK = 128
+
+
+@triton.jit
+def _ragged_gather_kernel(table, table_stride, width, rows, lens, indptr, out, BLOCK: tl.constexpr):
+    # One program per request row: copy table[rows[i], :lens[i]] to out[indptr[i]:].
+    i = tl.program_id(0)
+    row = tl.load(rows + i).to(tl.int64)
+    n = tl.minimum(tl.load(lens + i), width)  # device-side guard: never read past the row
+    start = tl.load(indptr + i).to(tl.int64)
+    for j in range(0, n, BLOCK):
+        offs = j + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(table + row * table_stride + offs, mask=m)
+        tl.store(out + start + offs, v, mask=m)
+
+
+def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, indptr: torch.Tensor,
+                  out: torch.Tensor) -> torch.Tensor:
+    n = rows.shape[0]
+    if n == 0:
+        return out
+    args = (table, table.stride(0), table.shape[1], rows, lens, indptr, out)
+    launch(lambda: _ragged_gather_kernel[(n,)](*args, BLOCK=GATHER_BLOCK))
+    return out

@@ -1,0 +1,64 @@
+"""CompileOptions: everything a compile depends on, frozen and validated."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from .modes import ForwardMode
+
+
+class OptionsError(ValueError):
+    pass
+
+
+def _sizes(xs) -> tuple[int, ...]:
+    return tuple(sorted({int(x) for x in xs}))
+
+
+def _modes(xs) -> tuple[ForwardMode, ...]:
+    return tuple(sorted({x if isinstance(x, ForwardMode) else ForwardMode.parse(x) for x in xs}))
+
+
+def default_capture_sizes(max_bs: int) -> tuple[int, ...]:
+    """Capture sizes like a serving engine's default list: dense small sizes, then steps of 8 and 16."""
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 513, 16))
+    return tuple(s for s in sizes if s <= max_bs) or (max_bs,)
+
+
+@attrs.frozen
+class CompileOptions:
+    max_bs: int = 256  # static buffers are sized for this many requests
+    capture_sizes: tuple[int, ...] = attrs.field(default=(), converter=_sizes)  # () -> default list
+    modes: tuple[ForwardMode, ...] = attrs.field(default=("decode", "idle"), converter=_modes)
+    page_size: int = 1
+    max_context_len: int = 4096
+    num_draft_tokens: int = 4
+    topk: int = 1
+    num_steps: int = 3
+    dump_dir: str | None = None
+    verify_each: bool = True
+    disabled_passes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_bs < 1:
+            raise OptionsError(f"max_bs must be >= 1, got {self.max_bs}")
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise OptionsError(f"page_size must be a power of two, got {self.page_size}")
+        if self.max_context_len < 1:
+            raise OptionsError(f"max_context_len must be >= 1, got {self.max_context_len}")
+        bad = [s for s in self.capture_sizes if not 1 <= s <= self.max_bs]
+        if bad:
+            raise OptionsError(f"capture sizes {bad} are outside 1..max_bs={self.max_bs}; "
+                               f"raise --max-bs or drop those sizes")
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self.capture_sizes or default_capture_sizes(self.max_bs)
+
+    def symbols(self) -> dict[str, int]:
+        """Config symbols every spec may use (bs is bound per specialization)."""
+        L, P = self.max_context_len, self.page_size
+        return {"max_bs": self.max_bs, "L": L, "P": P, "W": math.ceil(L / P),
+                "D": self.num_draft_tokens, "K": self.topk, "S": self.num_steps}

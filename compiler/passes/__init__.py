@@ -1,0 +1,1 @@
+"""Passes: each a named ``(Graph, PassContext) -> Graph`` function in its own file."""

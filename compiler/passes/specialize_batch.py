@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import attrs
+import sympy
+
+from ..ir import Graph
+from ..ir.ops import norm_attr
+from ..ir.types import SYMBOLS, Dynamic
+from .registry import PassContext, register_pass
+
+
+def _subs(v, m):
+    if isinstance(v, sympy.Expr):
+        return norm_attr(v.xreplace(m))
+    if isinstance(v, tuple):
+        return tuple(d if isinstance(d, Dynamic) else d.xreplace(m) for d in v)
+    return v
+
+
+@register_pass("specialize-batch")
+def specialize_batch(g: Graph, ctx: PassContext) -> Graph:
+    """Requires ctx.bs. Guarantees one graph for (mode, bs): ``bs`` and every
+    config symbol (max_bs, L, P, W, D, K, S) substituted in types and
+    attributes, so every static extent is an int; the bindings are recorded
+    in ``graph.symbols`` and the name gets ``.bs<N>``."""
+    if ctx.bs is None:
+        raise ValueError("specialize-batch needs a batch size in the pass context")
+    env = {**ctx.options.symbols(), "bs": ctx.bs}
+    m = {SYMBOLS[k]: sympy.Integer(v) for k, v in env.items()}
+    inputs = tuple(attrs.evolve(i, type=i.type.subs(env)) for i in g.inputs)
+    nodes = tuple(attrs.evolve(n, type=n.type.subs(env), attrs=tuple((k, _subs(v, m)) for k, v in n.attrs))
+                  for n in g.nodes)
+    return attrs.evolve(g, name=f"{g.name}.bs{ctx.bs}", inputs=inputs, nodes=nodes, symbols=env)

@@ -1,0 +1,19 @@
+"""BackendSpec: what a backend declares once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from .ir import Graph
+from .modes import ForwardMode
+from .options import CompileOptions
+
+
+@attrs.frozen
+class BackendSpec:
+    name: str
+    build: Callable[[ForwardMode, CompileOptions], Graph]  # one generic graph per graph-key mode
+    modes: tuple[ForwardMode, ...]  # modes the spec supports
+    doc: str = ""

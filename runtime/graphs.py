@@ -1,0 +1,142 @@
+"""Graph capture and replay: torch.cuda.CUDAGraph on a GPU, and on CPU an
+emulated graph with the same semantics, so CPU CI catches replay bugs.
+
+The emulated graph records, during capture, every aten op and every kernel
+launch together with the *tensor objects* it touched. Replay re-executes
+exactly that record: Python logic is not re-run, scalars stay as captured,
+and a buffer rebound after capture is never read, just as on a GPU. Capture
+raises on host syncs (``.item()``, ``.cpu()``, ``.tolist()``, ``nonzero``,
+boolean-mask indexing), which a real capture rejects or silently freezes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from attnmeta.compiler.lowering.launch import LAUNCH_HOOK
+
+
+class CaptureSyncError(RuntimeError):
+    """A host synchronisation was attempted inside graph capture."""
+
+
+_SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__", "nonzero"}
+_SYNC_ATEN = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_dim",
+              "aten::_unique2", "aten::repeat_interleave"}
+
+
+def _sync_error(what: str) -> CaptureSyncError:
+    return CaptureSyncError(f"{what} inside graph capture: a host sync is illegal while capturing (on a GPU it "
+                            "raises or freezes the capture-time value). Move it to out_graph and read a host "
+                            "mirror such as seq_lens_cpu instead.")
+
+
+class _SyncGuard(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.paused and name in _SYNC_METHODS:
+            raise _sync_error(f"Tensor.{name}()")
+        return func(*args, **(kwargs or {}))
+
+
+def _copy_into(dst, src) -> None:
+    for d, s in zip(tree_flatten(dst)[0], tree_flatten(src)[0], strict=True):
+        if isinstance(d, torch.Tensor):
+            d.copy_(s)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, tape: list[Callable[[], None]]) -> None:
+        super().__init__()
+        self.tape, self.paused = tape, False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        name = func._schema.name
+        if name in _SYNC_ATEN:
+            raise _sync_error(name)
+        if name == "aten::index" and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
+                                         for t in tree_flatten(args)[0]):
+            raise _sync_error("boolean-mask indexing")
+        out = func(*args, **kwargs)
+        if func.is_view:
+            return out  # the view aliases captured memory; nothing to re-run
+        if func._schema.is_mutable:
+            self.tape.append(lambda: func(*args, **kwargs))
+        else:  # functional: replay recomputes and writes into the captured output (its "pool" address)
+            self.tape.append(lambda: _copy_into(out, func(*args, **kwargs)))
+        return out
+
+
+class EmulatedGraph:
+    """CPU stand-in for ``torch.cuda.CUDAGraph`` with capture/replay semantics."""
+
+    def __init__(self) -> None:
+        self._tape: list[Callable[[], None]] = []
+        self.captured = False
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        if self.captured:
+            raise RuntimeError("this graph was already captured; make a new one")
+        guard, rec = _SyncGuard(), _Recorder(self._tape)
+
+        def on_launch(fn: Callable[[], None]) -> None:
+            guard.paused = rec.paused = True  # the interpreter's own tensor traffic is not graph work
+            try:
+                fn()
+            finally:
+                guard.paused = rec.paused = False
+            self._tape.append(fn)
+
+        token = LAUNCH_HOOK.set(on_launch)
+        try:
+            with guard, rec:
+                yield
+        finally:
+            LAUNCH_HOOK.reset(token)
+        self.captured = True
+
+    def replay(self) -> None:
+        if not self.captured:
+            raise RuntimeError("replay() before capture()")
+        with torch.no_grad():
+            for op in self._tape:
+                op()
+
+    @property
+    def num_ops(self) -> int:
+        return len(self._tape)
+
+
+class CudaGraph:
+    """``torch.cuda.CUDAGraph`` behind the same capture/replay interface, sharing one pool."""
+
+    def __init__(self, pool=None) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = pool
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            yield
+        self.captured = True
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def new_graph(device: torch.device, pool=None) -> EmulatedGraph | CudaGraph:
+    return CudaGraph(pool) if device.type == "cuda" else EmulatedGraph()

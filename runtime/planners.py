@@ -1,0 +1,42 @@
+"""Host planners that ``host_call`` nodes dispatch to.
+
+A planner is opaque to the compiler: it runs out of graph before every
+replay, from host tensors only. The default one stands in for FlashInfer's
+``plan()`` where FlashInfer is absent: it checks what plan() would check and
+returns the partition a decode plan derives (one work item per request).
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+class PlanError(ValueError):
+    pass
+
+
+@attrs.frozen
+class DecodePlan:
+    batch_size: int
+    total_kv: int
+    call: int  # how many plans this planner has made: proves it ran on every replay
+
+
+class ReferenceDecodePlanner:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor) -> DecodePlan:
+        if indptr_host.device.type != "cpu":
+            raise PlanError("plan() needs the indptr on the host; a device indptr forces a blocking copy "
+                            "every replay. Compute it from seq_lens_cpu in out_graph.")
+        bs = last_page_len_host.shape[0]
+        if indptr_host.shape[0] != bs + 1:
+            raise PlanError(f"indptr has {indptr_host.shape[0]} entries for batch size {bs}; expected {bs + 1}")
+        self.calls += 1
+        return DecodePlan(bs, int(indptr_host[-1]), self.calls)
+
+
+def default_planners() -> dict:
+    return {"flashinfer.decode_plan": ReferenceDecodePlanner()}

@@ -1,0 +1,84 @@
+"""GraphRunner: capture per (mode, bs), pad, replay, fall back to eager.
+
+Capture goes largest size first so every graph shares one memory pool.
+At replay a real batch is padded to the smallest captured size that holds
+it (the backend stages the rows with the spec's fill values), out_graph
+runs, then the graph replays. Past the largest captured size, or in a mode
+not captured, the batch runs eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+import torch
+
+from attnmeta.compiler.modes import ForwardMode
+
+from .attention import DecodeModel
+from .backend import AttentionBackend
+from .forward import ForwardBatch, ReplayView
+from .graphs import new_graph
+
+
+def dummy_batch(mode: ForwardMode, bs: int, device, seq_len: int = 1) -> ForwardBatch:
+    """Capture-time batch: pool row 0 (reserved, all zero) and short sequences."""
+    seq = torch.full((bs,), seq_len, dtype=torch.int32)
+    return ForwardBatch(mode, bs, req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=device),
+                        seq_lens=seq.to(device), seq_lens_cpu=seq, seq_lens_sum=bs * seq_len)
+
+
+class GraphRunner:
+    def __init__(self, backend: AttentionBackend, model: DecodeModel, capture_sizes, device,
+                 modes=(ForwardMode.DECODE,)):
+        self.backend, self.model, self.device = backend, model, torch.device(device)
+        self.sizes = sorted(set(capture_sizes))
+        self.modes = tuple(dict.fromkeys(m.graph_key for m in modes))
+        self.graphs: dict[tuple[ForwardMode, int], object] = {}
+        self.stats: Counter = Counter()
+
+    def capture(self) -> None:
+        pool = None
+        for mode in self.modes:
+            for bs in reversed(self.sizes):
+                fb = dummy_batch(mode, bs, self.device)
+                self.backend.init_forward_metadata_out_graph(fb, in_capture=True)
+                self.model.prepare(torch.zeros_like(self.model.q[:bs]), bs)
+                self._run_once(fb)  # warm-up: first-call work (Triton compile, allocator) out of capture
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                g = new_graph(self.device, pool)
+                with g.capture():
+                    self._run_once(fb)
+                if self.device.type == "cuda":
+                    pool = g.graph.pool()
+                self.graphs[(mode, bs)] = g
+
+    def _run_once(self, fb) -> torch.Tensor:
+        self.backend.init_forward_metadata_in_graph(fb)
+        return self.model.forward(self.backend.forward_metadata, fb.batch_size)
+
+    def padded_size(self, raw: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, max(raw, 1))
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def run(self, fb: ForwardBatch, q: torch.Tensor) -> torch.Tensor:
+        """Metadata + attention for one step; returns the output rows of the real batch."""
+        key = fb.forward_mode.graph_key
+        raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
+        bs = self.padded_size(raw)
+        if key not in self.modes or bs is None:
+            self.stats["eager"] += 1
+            self.backend.init_forward_metadata(fb)
+            self.model.prepare(q[:raw], raw)
+            return self.model.forward(self.backend.forward_metadata, raw)[:raw]
+        self.stats["replay"] += 1
+        self.stats[f"bs{bs}"] += 1
+        self.stats["padded_rows"] += bs - raw
+        view = ReplayView.of(fb, bs)
+        view.raw_batch_size = raw
+        self.backend.init_forward_metadata_out_graph(view)
+        self.model.prepare(q[:raw], bs)
+        self.graphs[(key, bs)].replay()
+        return self.model.out[:raw]
