@@ -58,7 +58,8 @@ def cmd_inspect(a) -> int:
 def cmd_demo(a) -> int:
     from .demo import format_result, run_demo
 
-    r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed)
+    kw = {"capture_sizes": tuple(a.capture_sizes)} if a.capture_sizes else {}
+    r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed, **kw)
     print(format_result(r))
     for f in r.failures[:5]:
         print(f"  mismatch at step {f[0]} (bs {f[1]}): {', '.join(f[2])}")
@@ -88,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--backend", default="flashinfer", choices=list_backends())
     d.add_argument("--steps", type=int, default=120)
     d.add_argument("--max-bs", type=int, default=48)
+    d.add_argument("--capture-sizes", type=int, nargs="+", help="default: 1 2 4 8 16 24 32 (up to --max-bs)")
     d.add_argument("--device", default=None)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_demo)

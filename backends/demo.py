@@ -49,6 +49,7 @@ def compare_metadata(meta, ref, raw: int) -> list[str]:
 def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, max_context_len: int = 256,
              capture_sizes=(1, 2, 4, 8, 16, 24, 32), device: str | None = None, seed: int = 0) -> DemoResult:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    capture_sizes = tuple(s for s in capture_sizes if s <= max_bs) or (max_bs,)
     res = DemoResult(backend, str(dev), captured=tuple(capture_sizes))
     t0 = time.perf_counter()
     compiled = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=capture_sizes,

@@ -82,7 +82,7 @@ class CompiledAttentionBackend(AttentionBackend):
 
     def _allocate(self) -> None:
         opts = self.compiled.options
-        for mode, g in self.compiled.generic.items():
+        for g in self.compiled.generic.values():
             env = {**opts.symbols(), "bs": opts.max_bs}
             for i in g.inputs:
                 if i.role is Role.batch and i.name not in self.inputs:

@@ -66,7 +66,10 @@ class ServingSim:
         """Advance the scheduler one step; returns the decode batch and its queries."""
         for row in [r for r, n in self.running.items() if n >= self.L or self.rng.random() < 0.06]:
             self._finish(row)
-        self.target = max(0, min(self.max_batch, self.target + self.rng.choice([-3, -1, 0, 1, 2, 4, 8])))
+        # a random walk pulled towards 40% of the largest batch, with bursts that overshoot it
+        pull = 1 if self.target < 0.4 * self.max_batch else -1
+        burst = 16 if self.rng.random() < 0.04 else 0
+        self.target = max(0, min(self.max_batch, self.target + pull + burst + self.rng.choice([-3, -1, 0, 1, 3])))
         while len(self.running) < self.target and self.free_rows and len(self.free_slots) > 64 + self.L // 2:
             self._arrive()
         if not self.running or self.rng.random() < self.idle_prob:

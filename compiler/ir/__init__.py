@@ -1,6 +1,6 @@
 """The metadata IR: types, op table, graph, builder, text form, verifier, interpreter."""
 
-from .builder import V, SpecBuilder, SpecError
+from .builder import SpecBuilder, SpecError, V
 from .graph import Graph, Input, Node, Output, Role
 from .interp import eval_graph, valid_prefix
 from .ops import OPS, Op, OpInfo, ShapeError

@@ -1,0 +1,36 @@
+"""Random batches over a random, non-contiguous KV pool (test helper)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnmeta.runtime import ForwardBatch, ForwardMode
+
+
+def make_pool(rows: int, L: int, seed: int = 0, device="cpu") -> torch.Tensor:
+    """req_to_token with row 0 all zero (reserved) and other rows a random slot permutation."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randperm(rows * L, generator=g).to(torch.int32).view(rows, L) + 1
+    t[0] = 0
+    return t.to(device)
+
+
+def make_batch(bs: int, L: int, rows: int, seed: int, device="cpu", mode=ForwardMode.DECODE,
+               max_len: int | None = None) -> ForwardBatch:
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, (max_len or L) + 1, (bs,), generator=g, dtype=torch.int32)
+    rpi = torch.randperm(rows - 1, generator=g)[:bs].to(torch.int64) + 1
+    return ForwardBatch(mode, bs, req_pool_indices=rpi.to(device), seq_lens=seq.to(device), seq_lens_cpu=seq,
+                        seq_lens_sum=int(seq.sum()))
+
+
+def interp_inputs(fb: ForwardBatch, bs: int, req_to_token: torch.Tensor, fills: dict[str, int]) -> dict:
+    """The batch padded to ``bs`` rows with the spec's fill values, as interpreter inputs."""
+    raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
+    out = {"req_to_token": req_to_token.cpu()}
+    for name, fill in fills.items():
+        src = getattr(fb, name)
+        pad = torch.full((bs - raw,), fill, dtype=torch.int64 if name == "req_pool_indices" else torch.int32)
+        live = src[:raw].cpu() if src is not None else pad[:0]
+        out[name] = torch.cat([live, pad.to(live.dtype)])
+    return out

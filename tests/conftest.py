@@ -1,0 +1,7 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", deadline=None, max_examples=300)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -1,0 +1,150 @@
+"""One failing spec per check-split rule: the rule id, the node and the spec
+line that made it are reported, all violations at once."""
+
+import pytest
+
+from attnmeta.compiler import CompileOptions, ForwardMode, SplitError, check_split, compile_backend
+from attnmeta.compiler.ir import DType, Op, Placement, SpecBuilder
+from attnmeta.compiler.passes.check_split import RULES
+
+I32, I64 = DType.int32, DType.int64
+
+
+def base():
+    b = SpecBuilder("t")
+    seq = b.input("seq_lens", I32, ["bs"], fill=1)
+    cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0)
+    r2t = b.pool("req_to_token", I32, ["R", "L"])
+    return b, seq, cpu, rpi, r2t
+
+
+def specialize(g, bs=4):
+    from attnmeta.compiler.passes.registry import PassContext
+    from attnmeta.compiler.passes.specialize_batch import specialize_batch
+
+    return specialize_batch(g, PassContext(CompileOptions(max_bs=8, max_context_len=64), ForwardMode.DECODE, bs))
+
+
+def violations(g):
+    with pytest.raises(SplitError) as e:
+        check_split(specialize(g))
+    return e.value.violations
+
+
+def line_of(marker: str) -> str:
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "line_of" not in line:
+                return f"tests/passes/test_check_split.py:{i}"
+    raise AssertionError(marker)
+
+
+def test_clean_spec_passes():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        ind = b.cumsum(seq)
+        b.outputs(kv_indices=b.ragged_gather(r2t, rpi, seq, ind, capacity="max_bs*L"))
+    g = specialize(b.build())
+    assert check_split(g) is g
+
+
+def test_dynamic_shape_in_graph():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        ind = b.cumsum(seq)
+        nz = b.op(Op.nonzero, seq)  # MARK-dynamic
+    b.outputs(ind=ind, nz=nz)
+    vs = [v for v in violations(b.build()) if v.rule == "dynamic-shape-in-graph"]
+    assert [v.node for v in vs] == [nz.name]
+    assert vs[0].origin == line_of("MARK-dynamic")
+    assert "static bound" in vs[0].fix
+
+
+def test_host_value_in_graph():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        bad = b.cumsum(cpu)  # MARK-host
+    b.outputs(bad=bad)
+    (v,) = [v for v in violations(b.build()) if v.rule == "host-value-in-graph"]
+    assert v.node == bad.name and v.origin == line_of("MARK-host")
+    assert "%seq_lens_cpu" in v.message
+
+
+def test_unrecordable_op_in_graph():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        total = b.reduce("sum", seq)
+        host_total = b.op(Op.item, total)  # MARK-item
+    b.outputs(t=host_total)
+    (v,) = [v for v in violations(b.build()) if v.rule == "unrecordable-op-in-graph"]
+    assert v.node == host_total.name and v.origin == line_of("MARK-item")
+    assert "synchronises" in v.message and "seq_lens_cpu" in v.fix
+
+
+def test_graph_to_host_edge():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        ind = b.cumsum(seq)
+    with b.out_graph():
+        plan = b.host_call("flashinfer.decode_plan", ind)  # MARK-edge
+    b.outputs(ind=ind, plan=plan)
+    (v,) = violations(b.build())
+    assert (v.rule, v.node, v.origin) == ("graph-to-host-edge", plan.name, line_of("MARK-edge"))
+
+
+def test_missing_fill_value():
+    b, seq, cpu, rpi, r2t = base()
+    pos = b.input("positions", I64, ["bs"])  # MARK-fill
+    with b.in_graph():
+        out = b.ewise("add", pos, 1)
+    b.outputs(out=out)
+    (v,) = violations(b.build())
+    assert (v.rule, v.node, v.origin) == ("missing-fill-value", "positions", line_of("MARK-fill"))
+
+
+def test_buffer_capacity():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        ind = b.cumsum(seq)
+        idx = b.ragged_gather(r2t, rpi, seq, ind, capacity="L")  # MARK-cap
+    b.outputs(idx=idx)
+    (v,) = violations(b.build())
+    assert (v.rule, v.node, v.origin) == ("buffer-capacity", idx.name, line_of("MARK-cap"))
+    assert "capacity 64" in v.message and "256 entries" in v.message
+
+
+def test_all_violations_reported_at_once_with_ids_in_message():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        a = b.cumsum(cpu)
+        nz = b.op(Op.nonzero, seq)
+    b.outputs(a=a, nz=nz)
+    vs = violations(b.build())
+    rules = {v.rule for v in vs}
+    assert {"host-value-in-graph", "dynamic-shape-in-graph", "unrecordable-op-in-graph"} <= rules
+    with pytest.raises(SplitError) as e:
+        check_split(specialize(b.build()))
+    for v in vs:
+        assert f"[{v.rule}] %{v.node}" in str(e.value)
+
+
+def test_rule_ids_are_the_designed_ones():
+    designed = {"dynamic-shape-in-graph", "host-value-in-graph", "unrecordable-op-in-graph", "graph-to-host-edge",
+                "unstable-buffer", "frozen-host-scalar", "missing-fill-value", "planner-not-replayed",
+                "buffer-capacity", "capture-dependent-split"}
+    assert set(RULES) <= designed
+
+
+def test_compile_backend_rejects_bad_spec():
+    from attnmeta.compiler import BackendSpec
+
+    def build(mode, opts):
+        b, seq, cpu, rpi, r2t = base()
+        with b.in_graph():
+            out = b.cumsum(cpu)
+        b.outputs(out=out)
+        return b.build()
+
+    with pytest.raises(SplitError, match="host-value-in-graph"):
+        compile_backend(BackendSpec("bad", build, (ForwardMode.DECODE,)), CompileOptions(max_bs=4))
