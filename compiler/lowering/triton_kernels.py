@@ -20,6 +20,8 @@ import triton.language as tl  # noqa: E402
 from .launch import launch  # noqa: E402
 
 GATHER_BLOCK = 128
+# On a GPU host, tensors on the CPU cannot reach compiled Triton: they take the torch path below.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -41,6 +43,16 @@ def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, i
     n = rows.shape[0]
     if n == 0:
         return out
+    if out.device.type == "cpu" and not INTERPRET:
+        return _ragged_gather_torch(table, rows, lens, indptr, out)
     args = (table, table.stride(0), table.shape[1], rows, lens, indptr, out)
     launch(lambda: _ragged_gather_kernel[(n,)](*args, BLOCK=GATHER_BLOCK))
+    return out
+
+
+def _ragged_gather_torch(table, rows, lens, indptr, out):
+    width = table.shape[1]
+    for i in range(rows.shape[0]):
+        n, s = min(int(lens[i]), width), int(indptr[i])
+        out[s : s + n] = table[int(rows[i]), :n]
     return out
