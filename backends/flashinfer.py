@@ -17,9 +17,9 @@ PLANNER = "flashinfer.decode_plan"
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
-    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1)
+    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
     seq_lens_cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
-    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0)  # pool row 0 is reserved and all zero
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, mirror="req_pool_indices_cpu")  # row 0: reserved, zero
     req_to_token = b.pool("req_to_token", I32, ["R", "L"])
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")

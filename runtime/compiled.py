@@ -1,10 +1,11 @@
 """A compiled backend behind the three-method contract.
 
-Static buffers are allocated once at maximum size: one per batch input
-(staged and padded every step), one per in_graph metadata output (written in
-place by the captured work), one per out_graph value the graph reads. Every
-(mode, bs) plan binds views of those buffers once; ``forward_metadata`` is
-the bound plan's field namespace, whose tensors are those views.
+Static buffers are allocated once at maximum size: the packed staging pair
+for batch inputs (host side pinned on a GPU), one buffer per in_graph
+metadata output (written in place by the captured work), one per out_graph
+value the graph reads. Every (mode, bs) plan binds views of those buffers
+once; ``forward_metadata`` is the bound plan's field namespace, whose
+tensors are those views.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from attnmeta.compiler.modes import ForwardMode
 
 from .backend import AttentionBackend
 from .planners import default_planners
+from .staging import BatchError, Slot, Stager
 
-
-class BatchError(ValueError):
-    """A batch this backend cannot serve as given (too large, too long, missing a field)."""
+__all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 
 
 class StaleBufferError(RuntimeError):
@@ -32,16 +32,11 @@ class StaleBufferError(RuntimeError):
 
 
 @attrs.define
-class _Stage:
-    name: str
-    dst: torch.Tensor
-    fill: int
-
-
-@attrs.define
 class _Bound:
+    mode: ForwardMode
     plan: LoweredPlan
-    stages: list[_Stage]
+    stager: Stager
+    out_fn: object  # the out_graph module's forward (no nn.Module call overhead)
     out_args: list
     in_args: list
     crossing: list[torch.Tensor]
@@ -65,35 +60,43 @@ class CompiledAttentionBackend(AttentionBackend):
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
         self.max_context_len = compiled.options.max_context_len
-        self.inputs: dict[str, torch.Tensor] = {}
-        self.fills: dict[str, int] = {}
+        self.env = {**compiled.options.symbols(), "bs": self.max_bs}
+        self.inputs: dict[tuple[ForwardMode, str], torch.Tensor] = {}  # static, at max_bs
         self.outbufs: dict[str, torch.Tensor] = {}
         self.crossbufs: dict[str, torch.Tensor] = {}
         self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
         self._current: _Bound | None = None
+        self._event: list = [None]
         self._allocate()
 
     # --- static buffers ---
-    def _alloc(self, t, numel: int) -> torch.Tensor:
-        on_host = t.placement.on_host
+    def _alloc(self, dtype: torch.dtype, numel: int, on_host: bool) -> torch.Tensor:
         dev = torch.device("cpu") if on_host else self.device
-        pin = on_host and self.device.type == "cuda"
-        return torch.zeros(numel, dtype=t.dtype.torch, device=dev, pin_memory=pin)
+        return torch.zeros(numel, dtype=dtype, device=dev, pin_memory=on_host and self.device.type == "cuda")
 
     def _allocate(self) -> None:
-        opts = self.compiled.options
-        for g in self.compiled.generic.values():
-            env = {**opts.symbols(), "bs": opts.max_bs}
+        packed = [i for g in self.compiled.generic.values() for i in g.inputs if i.offset is not None]
+        size = max((i.offset + i.type.numel(self.env) * i.type.dtype.torch.itemsize for i in packed), default=0)
+        self.staging_host = self._alloc(torch.uint8, size, on_host=True)
+        self.staging_dev = self._alloc(torch.uint8, size, on_host=False)
+        for mode, g in self.compiled.generic.items():
             for i in g.inputs:
-                if i.role is Role.batch and i.name not in self.inputs:
-                    self.inputs[i.name] = self._alloc(i.type, i.type.numel(env))
-                    self.fills[i.name] = i.fill if i.fill is not None else 0
-                elif i.role is Role.pool:
+                if i.role is Role.pool:
                     self._check_pool(i)
+                    continue
+                t, n = i.type.dtype.torch, i.type.numel(self.env)
+                if i.offset is None:  # pack-inputs disabled: a private host/device pair per input
+                    self.inputs[(mode, "host:" + i.name)] = self._alloc(t, n, on_host=True)
+                    buf = self._alloc(t, n, on_host=i.type.placement.on_host)
+                else:
+                    span = slice(i.offset, i.offset + n * t.itemsize)
+                    buf = (self.staging_host if i.type.placement.on_host else self.staging_dev)[span].view(t)
+                    self.inputs[(mode, "host:" + i.name)] = self.staging_host[span].view(t)
+                self.inputs[(mode, i.name)] = buf
             for o in g.outputs:
                 t = g.types()[o.value]
                 if o.field not in self.outbufs and not t.placement.on_host:
-                    self.outbufs[o.field] = self._alloc(t, t.numel(env))
+                    self.outbufs[o.field] = self._alloc(t.dtype.torch, t.numel(self.env), on_host=False)
 
     def _check_pool(self, i) -> None:
         t = self.pools.get(i.name)
@@ -109,6 +112,26 @@ class CompiledAttentionBackend(AttentionBackend):
         shape = [int(d) for d in t.subs(env).shape]
         return buf[: t.numel(env)].view(shape)
 
+    def _stager(self, mode: ForwardMode, g, env) -> Stager:
+        slots, seen, nbytes = [], set(), 0
+        batch = [i for i in g.inputs if i.role is Role.batch]
+        for i in batch:
+            key = i.offset if i.offset is not None else i.name
+            if key in seen:
+                continue  # a device field and its host mirror share one slot
+            seen.add(key)
+            twin = [j for j in batch if (j.offset if j.offset is not None else j.name) == key]
+            dev = next((j for j in twin if not j.type.placement.on_host), None)
+            host = self._view(self.inputs[(mode, "host:" + i.name)], i.type, env)
+            slots.append(Slot(i.source, (dev or i).name, host,
+                              None if dev is None else self._view(self.inputs[(mode, dev.name)], dev.type, env),
+                              i.fill if i.fill is not None else 0))
+            if i.offset is not None:
+                nbytes = max(nbytes, i.offset + host.numel() * host.element_size())
+        if any(i.offset is None for i in batch):  # unpacked: one copy per input, the cost pack-inputs removes
+            return Stager(slots, [(s.dev, s.host) for s in slots if s.dev is not None], self._event)
+        return Stager(slots, [(self.staging_dev[:nbytes], self.staging_host[:nbytes])], self._event)
+
     def _bind(self, mode: ForwardMode, bs: int) -> _Bound:
         plan = self.compiled.plan(mode, bs)
         g, env = plan.graph, plan.graph.env
@@ -116,7 +139,7 @@ class CompiledAttentionBackend(AttentionBackend):
         values: dict[str, object] = {DEVICE: self.device, PLANNERS: self.planners, **self.pools}
         for i in g.inputs:
             if i.role is Role.batch:
-                values[i.name] = self._view(self.inputs[i.name], i.type, env)
+                values[i.name] = self._view(self.inputs[(mode, i.name)], i.type, env)
         field_of = {o.value: o.field for o in g.outputs}
         for name in plan.consts:
             n = nodes[name]
@@ -126,16 +149,16 @@ class CompiledAttentionBackend(AttentionBackend):
         for name in plan.crossing:
             t = types[name]
             if name not in self.crossbufs:
-                self.crossbufs[name] = self._alloc(t, t.numel({**env, "bs": self.max_bs}))
+                self.crossbufs[name] = self._alloc(t.dtype.torch, t.numel({**env, "bs": self.max_bs}), False)
             values[name] = self._view(self.crossbufs[name], t, env)
             crossing.append(values[name])
         for o in g.outputs:
             if o.field in self.outbufs:
                 values[out_arg(o.field)] = self._view(self.outbufs[o.field], types[o.value], env)
         meta = SimpleNamespace(**{o.field: values.get(out_arg(o.field), values.get(o.value)) for o in g.outputs})
-        stages = [_Stage(i.name, values[i.name], self.fills[i.name]) for i in g.inputs if i.role is Role.batch]
-        return _Bound(plan, stages, [values[a] for a in plan.out_args], [values[a] for a in plan.in_args],
-                      crossing, meta, [o.field for o in g.outputs if o.value in plan.out_results])
+        return _Bound(mode, plan, self._stager(mode, g, env), plan.out_gm.forward,
+                      [values[a] for a in plan.out_args], [values[a] for a in plan.in_args], crossing, meta,
+                      [o.field for o in g.outputs if o.value in plan.out_results])
 
     def bound(self, mode: ForwardMode, bs: int) -> _Bound:
         key = (mode.graph_key, bs)
@@ -145,47 +168,29 @@ class CompiledAttentionBackend(AttentionBackend):
         return b
 
     # --- the contract ---
-    def _stage(self, fb, b: _Bound) -> None:
-        bs = fb.batch_size
-        raw = 0 if fb.actual_forward_mode.is_idle() else getattr(fb, "raw_batch_size", bs)
-        for s in b.stages:
-            src = getattr(fb, s.name, None)
-            if src is None:
-                if raw:
-                    raise BatchError(f"the batch has no {s.name}, which spec {b.plan.graph.name!r} reads")
-                s.dst.fill_(s.fill)
-                continue
-            if src.data_ptr() == s.dst.data_ptr():
-                continue  # already staged in place
-            if src.shape[0] < raw:
-                raise BatchError(f"{s.name} has {src.shape[0]} rows for a batch of {raw}")
-            if raw:
-                s.dst[:raw].copy_(src[:raw], non_blocking=True)
-            if raw < bs:
-                s.dst[raw:].fill_(s.fill)
-
-    def _check_batch(self, fb) -> None:
+    def _check_batch(self, fb, raw: int) -> None:
         if fb.batch_size > self.max_bs:
             raise BatchError(f"batch size {fb.batch_size} exceeds max_bs={self.max_bs} the backend was compiled "
                              f"for; recompile with a larger --max-bs")
         cpu = getattr(fb, "seq_lens_cpu", None)
-        raw = getattr(fb, "raw_batch_size", fb.batch_size)
-        if cpu is not None and raw and not fb.actual_forward_mode.is_idle():
+        if cpu is not None and raw:
             longest = int(cpu[:raw].max())
             if longest > self.max_context_len:
                 raise BatchError(f"a sequence of {longest} tokens exceeds max_context_len={self.max_context_len}; "
                                  f"recompile with a larger --max-context-len")
 
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
-        self._check_batch(fb)
+        raw = 0 if fb.actual_forward_mode.is_idle() else getattr(fb, "raw_batch_size", fb.batch_size)
+        self._check_batch(fb, raw)
         b = self.bound(fb.forward_mode, fb.batch_size)
-        self._stage(fb, b)
-        results = b.plan.out_gm(*b.out_args) if b.plan.out_results else ()
-        n_cross = len(b.crossing)
-        for buf, val in zip(b.crossing, results[:n_cross], strict=True):
-            buf.copy_(val, non_blocking=True)
-        for field, val in zip(b.out_fields, results[n_cross:], strict=True):
-            setattr(b.meta, field, val)
+        b.stager.stage(fb, fb.batch_size, raw)
+        if b.plan.out_results:
+            results = b.out_fn(*b.out_args)
+            n_cross = len(b.crossing)
+            for buf, val in zip(b.crossing, results[:n_cross], strict=True):
+                buf.copy_(val, non_blocking=True)
+            for field, val in zip(b.out_fields, results[n_cross:], strict=True):
+                setattr(b.meta, field, val)
         if in_capture:
             b.captured_ptrs, b.checked = _ptrs(b.in_args), False
         elif self.check_addresses and b.captured_ptrs is not None and not b.checked:
@@ -195,15 +200,12 @@ class CompiledAttentionBackend(AttentionBackend):
 
     def _check_rebound(self, b: _Bound) -> None:
         """First replay after capture: every buffer the graph reads is still the captured one."""
-        fresh = _ptrs(self._bind(self._mode_of(b), b.plan.graph.env["bs"]).in_args)
+        fresh = _ptrs(self._bind(b.mode, b.plan.graph.env["bs"]).in_args)
         if fresh != b.captured_ptrs:
             names = [a for a, x, y in zip(b.plan.in_args, fresh, b.captured_ptrs, strict=True) if x != y]
             raise StaleBufferError(f"buffers {names} of {b.plan.graph.name} were rebound after capture; the graph "
                                    "still reads the old ones. Write new values in place (copy_) instead.")
         b.checked = True
-
-    def _mode_of(self, b: _Bound) -> ForwardMode:
-        return next(m for (m, _), x in self._bound.items() if x is b)
 
     def init_forward_metadata_in_graph(self, fb) -> None:
         b = self._current

@@ -15,6 +15,7 @@ class ForwardBatch:
     forward_mode: ForwardMode
     batch_size: int
     req_pool_indices: torch.Tensor | None = None  # [bs] int64, device
+    req_pool_indices_cpu: torch.Tensor | None = None  # host mirror, when the scheduler has it
     seq_lens: torch.Tensor | None = None  # [bs] int32, device
     seq_lens_cpu: torch.Tensor | None = None  # [bs] int32, host mirror of seq_lens
     seq_lens_sum: int | None = None
@@ -50,6 +51,7 @@ class ReplayView:
     actual_forward_mode: ForwardMode
     raw_batch_size: int
     req_pool_indices: torch.Tensor | None = None
+    req_pool_indices_cpu: torch.Tensor | None = None
     seq_lens: torch.Tensor | None = None
     seq_lens_cpu: torch.Tensor | None = None
     seq_lens_sum: int | None = None
@@ -59,5 +61,7 @@ class ReplayView:
 
     @classmethod
     def of(cls, fb: ForwardBatch, bs: int) -> ReplayView:
-        return cls(bs, fb.forward_mode.graph_key, fb.forward_mode, fb.batch_size, fb.req_pool_indices,
-                   fb.seq_lens, fb.seq_lens_cpu, fb.seq_lens_sum, fb.out_cache_loc, fb.positions, fb.spec_info)
+        raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
+        return cls(bs, fb.forward_mode.graph_key, fb.forward_mode, raw, fb.req_pool_indices,
+                   fb.req_pool_indices_cpu, fb.seq_lens, fb.seq_lens_cpu, fb.seq_lens_sum, fb.out_cache_loc,
+                   fb.positions, fb.spec_info)

@@ -77,7 +77,6 @@ class GraphRunner:
         self.stats[f"bs{bs}"] += 1
         self.stats["padded_rows"] += bs - raw
         view = ReplayView.of(fb, bs)
-        view.raw_batch_size = raw
         self.backend.init_forward_metadata_out_graph(view)
         self.model.prepare(q[:raw], bs)
         self.graphs[(key, bs)].replay()

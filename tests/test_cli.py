@@ -5,7 +5,12 @@ import subprocess
 import sys
 
 from attnmeta.backends.cli import main
+from attnmeta.compiler import GENERIC_PASSES, PER_BS_PASSES
 from attnmeta.compiler.ir import parse
+
+PASSES = ["spec", *GENERIC_PASSES, *PER_BS_PASSES]
+DUMPS = [f"{i:02d}-{p}" for i, p in enumerate(PASSES)]
+SPECIALIZE = DUMPS[PASSES.index("specialize-batch")]
 
 
 def test_compile_writes_ordered_dumps(tmp_path, capsys):
@@ -15,12 +20,12 @@ def test_compile_writes_ordered_dumps(tmp_path, capsys):
     assert "compiled flashinfer: 3 plans" in out and "bytes_per_step" in out
     d = tmp_path / "flashinfer" / "decode-bs8"
     files = sorted(os.listdir(d))
-    assert [f for f in files if f.endswith(".ir")] == [
-        "00-spec.ir", "01-verify.ir", "02-infer-shapes.ir", "03-specialize-batch.ir", "04-check-split.ir"]
-    assert "05-lowered.py" in files and "03-specialize-batch.dot" in files
-    g = parse((d / "03-specialize-batch.ir").read_text())  # dumps parse back
+    assert [f for f in files if f.endswith(".ir")] == [f"{x}.ir" for x in DUMPS]
+    lowered = f"{len(DUMPS):02d}-lowered.py"
+    assert lowered in files and f"{SPECIALIZE}.dot" in files
+    g = parse((d / f"{SPECIALIZE}.ir").read_text())  # dumps parse back
     assert g.env["bs"] == 8
-    assert "def forward" in (d / "05-lowered.py").read_text()
+    assert "def forward" in (d / lowered).read_text()
 
 
 def test_inspect_lists_and_diffs(tmp_path, capsys):
@@ -29,7 +34,7 @@ def test_inspect_lists_and_diffs(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--diff"]) == 0
     out = capsys.readouterr().out
     assert "flashinfer/decode-bs2:" in out
-    assert "+++ 03-specialize-batch.ir" in out and "-  %kv_indptr = cumsum(%seq_lens)" in out
+    assert f"+++ {SPECIALIZE}.ir" in out and "-  %kv_indptr = cumsum(%seq_lens)" in out
 
 
 def test_inspect_missing_dir(tmp_path, capsys):
@@ -49,7 +54,7 @@ def test_dump_dir_from_environment(tmp_path):
                         "--capture-sizes", "1"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "flashinfer" / "idle-bs1").exists() is False  # IDLE shares DECODE's plan
-    assert (tmp_path / "flashinfer" / "decode-bs1" / "04-check-split.ir").exists()
+    assert (tmp_path / "flashinfer" / "decode-bs1" / f"{DUMPS[-1]}.ir").exists()
 
 
 def test_demo_short_run(capsys):

@@ -94,9 +94,11 @@ class SpecBuilder:
         return name
 
     def input(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device,
-              fill: int | None = None, role: Role = Role.batch) -> V:
+              fill: int | None = None, role: Role = Role.batch, mirror: str | None = None) -> V:
+        """A ForwardBatch field (``role=batch``, padded with ``fill``) or a pool. ``mirror`` names a
+        host field with the same values, so staging never reads the device copy."""
         t = TensorType(dtype, tuple(shape), placement)
-        self._inputs.append(Input(self._fresh(name), t, role, fill, caller_origin()))
+        self._inputs.append(Input(self._fresh(name), t, role, fill, caller_origin(), mirror))
         return V(name, t)
 
     def pool(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device) -> V:

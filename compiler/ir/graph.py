@@ -32,6 +32,13 @@ class Input:
     role: Role = Role.batch
     fill: int | None = None  # value written into padded rows (batch inputs)
     origin: str = ""
+    mirror: str | None = None  # host field holding the same values (staged from it: no device read)
+    offset: int | None = None  # byte offset in the packed staging buffer (set by pack-inputs)
+
+    @property
+    def source(self) -> str:
+        """The ForwardBatch field the runtime stages this input from."""
+        return self.mirror or self.name
 
 
 @attrs.frozen

@@ -20,7 +20,8 @@ class ParseError(ValueError):
 _STR = r'"(?:[^"\\]|\\.)*"'
 _TYPE = r"(\w+)\[(.*?)\]@(\w+)"
 _HEADER = re.compile(rf"^graph ({_STR}) \[(.*)\] \{{$")
-_INPUT = re.compile(rf"^input %(\w+): {_TYPE} (\w+)(?: fill=(-?\d+))?(?: @({_STR}))?$")
+_INPUT = re.compile(rf"^input %(\w+): {_TYPE} (\w+)(?: fill=(-?\d+))?(?: mirror=(\w+))?(?: offset=(\d+))?"
+                    rf"(?: @({_STR}))?$")
 _NODE = re.compile(rf"^%(\w+) = (\w+)\((.*?)\)(?: \{{(.*)\}})? : {_TYPE} (\w+)( movable)?(?: @({_STR}))?$")
 _OUTPUT = re.compile(r"^output (\w+) = %(\w+)(?: ragged_by (\w+))?$")
 _ATTR = re.compile(rf"\s*(\w+)=({_STR}|\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
@@ -93,9 +94,10 @@ def parse(text: str) -> Graph:
             if s == "}":
                 break
             if mi := _INPUT.match(s):
-                n, dt, dims, pl, role, fill, origin = mi.groups()
+                n, dt, dims, pl, role, fill, mirror, offset, origin = mi.groups()
                 inputs.append(Input(n, _type(dt, dims, pl), Role(role), None if fill is None else int(fill),
-                                    json.loads(origin) if origin else ""))
+                                    json.loads(origin) if origin else "", mirror,
+                                    None if offset is None else int(offset)))
             elif mn := _NODE.match(s):
                 n, op, args, at, dt, dims, pl, region, movable, origin = mn.groups()
                 opv = Op(op)

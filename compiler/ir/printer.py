@@ -35,6 +35,10 @@ def fmt_input(i: Input) -> str:
     s = f"  input %{i.name}: {fmt_type(i.type)} {i.role.value}"
     if i.fill is not None:
         s += f" fill={i.fill}"
+    if i.mirror is not None:
+        s += f" mirror={i.mirror}"
+    if i.offset is not None:
+        s += f" offset={i.offset}"
     if i.origin:
         s += f" @{json.dumps(i.origin)}"
     return s

@@ -45,6 +45,9 @@ def verify(g: Graph) -> Graph:
         if i.name in types:
             problems.append(f"input %{i.name} is defined twice")
         types[i.name] = i.type
+        if i.mirror is not None and i.mirror != i.name and any(j.name == i.mirror and j.type.dtype != i.type.dtype
+                                                               for j in g.inputs):
+            problems.append(f"input %{i.name} mirrors %{i.mirror}, which has another dtype")
         if i.role is Role.pool and i.fill is not None:
             problems.append(f"pool input %{i.name} cannot have a fill value; only batch inputs are padded")
     for n in g.nodes:

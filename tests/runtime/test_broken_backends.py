@@ -13,15 +13,20 @@ L, ROWS, BS = 32, 16, 4
 
 
 class RebindingBackend(CompiledAttentionBackend):
-    """Bug class 1/2: stages seq_lens into a *fresh* tensor each step and rebinds
-    the plan to it, instead of writing the captured buffer in place."""
+    """Bug classes 1/2: at replay, seq_lens is rebuilt into a fresh tensor and the
+    backend rebinds to it; the buffer the graph captured keeps its old values."""
 
-    def _stage(self, fb, b):
-        super()._stage(fb, b)
-        i = b.plan.in_args.index("seq_lens")
-        fresh = b.in_args[i].clone()
-        self.inputs["seq_lens"] = fresh  # what a hand-written backend does: rebuild, rebind
-        b.in_args[i] = fresh
+    def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        if in_capture:
+            return super().init_forward_metadata_out_graph(fb, in_capture)
+        b = self.bound(fb.forward_mode, fb.batch_size)
+        key = (b.mode, "seq_lens")
+        captured = self.inputs[key]
+        saved = captured.clone()
+        self.inputs[key] = captured.clone()  # rebound before out_graph runs, as a hand-written backend does
+        super().init_forward_metadata_out_graph(fb, in_capture)
+        self.inputs[key].copy_(captured)  # the new values live only in the fresh tensor...
+        captured.copy_(saved)  # ...the captured buffer was never written
 
 
 def capture_then_replay(backend_cls, check_addresses):

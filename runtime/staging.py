@@ -1,0 +1,71 @@
+"""Per-step staging of batch inputs into static buffers.
+
+With pack-inputs, every batch input lives in one packed layout: the host
+staging buffer (pinned on a GPU) and its device twin. A step writes the live
+rows and the padding fill into the host side, then issues ONE host->device
+copy. Fields the batch only has on the device take a device->device copy
+into their slot after it (same stream, so ordered after the H2D).
+
+Hazard: the pinned staging buffer is read by an asynchronous copy. Writing
+it again before that copy has run corrupts the previous step's inputs (seen
+in engines that plan back to back), so each step waits on the event recorded
+after the previous copy before touching the buffer.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+@attrs.define
+class Slot:
+    source: str  # ForwardBatch field staged from (host mirror first)
+    name: str  # the device field, used when the mirror is absent
+    host: torch.Tensor  # [bs] view of the host staging buffer
+    dev: torch.Tensor | None  # [bs] view of the device packed buffer, None for host-only inputs
+    fill: int
+
+
+@attrs.define
+class Stager:
+    slots: list[Slot]
+    copies: list[tuple[torch.Tensor, torch.Tensor]]  # (device, host) pairs: one when packed
+    event: list  # shared one-element holder: the previous copy's event (one staging buffer per backend)
+
+    def stage(self, fb, bs: int, raw: int) -> None:
+        ev = self.event[0]
+        if ev is not None:
+            ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
+        late = []
+        for s in self.slots:
+            src = getattr(fb, s.source, None)
+            if src is None and s.source != s.name:
+                src = getattr(fb, s.name, None)
+            if src is None:
+                if raw:
+                    raise BatchError(f"the batch has no {s.name} (nor {s.source}), which the spec reads")
+                s.host.fill_(s.fill)
+                continue
+            if src.shape[0] < raw:
+                raise BatchError(f"{s.source} has {src.shape[0]} rows for a batch of {raw}")
+            if src.device.type != "cpu" and s.dev is not None:
+                late.append((s, src))  # device-only field: D2D after the packed copy, never a D2H sync
+                if raw < bs:
+                    s.host[raw:].fill_(s.fill)
+                continue
+            if raw:
+                s.host[:raw].copy_(src[:raw])
+            if raw < bs:
+                s.host[raw:].fill_(s.fill)
+        for dev, host in self.copies:
+            dev.copy_(host, non_blocking=True)
+        if self.copies and self.copies[0][0].device.type == "cuda":
+            ev = self.event[0] = self.event[0] or torch.cuda.Event()
+            ev.record()
+        for s, src in late:
+            s.dev[:raw].copy_(src[:raw], non_blocking=True)
+
+
+class BatchError(ValueError):
+    """A batch this backend cannot serve as given (too large, too long, missing a field)."""
