@@ -68,6 +68,23 @@ def cmd_demo(a) -> int:
     return 0 if ok else 1
 
 
+def cmd_bench(a) -> int:
+    import torch
+
+    from .bench import format_table, run_bench
+
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev == "cpu":
+        from attnmeta.compiler.lowering.triton_kernels import set_cpu_kernels
+
+        set_cpu_kernels("torch")  # the Triton interpreter would swamp host time
+        print("note: on a CPU, 'device' work runs on the host too; only GPU numbers show host overhead alone")
+    rows = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len, device=dev)
+    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    print(format_table(rows, name))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnmeta", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -93,6 +110,13 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default=None)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_demo)
+    be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin")
+    be.add_argument("--backend", default="flashinfer", choices=list_backends())
+    be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256])
+    be.add_argument("--iters", type=int, default=300)
+    be.add_argument("--max-context-len", type=int, default=4096)
+    be.add_argument("--device", default=None)
+    be.set_defaults(fn=cmd_bench)
     return p
 
 

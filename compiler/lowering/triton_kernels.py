@@ -21,7 +21,16 @@ from .launch import launch  # noqa: E402
 
 GATHER_BLOCK = 128
 # On a GPU host, tensors on the CPU cannot reach compiled Triton: they take the torch path below.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# Without a GPU the kernels run in Triton's interpreter (what the tests check), unless a caller
+# that measures host time (attnmeta bench) switches CPU tensors to the torch path.
+CPU_KERNELS = "triton" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "torch"
+
+
+def set_cpu_kernels(impl: str) -> None:
+    global CPU_KERNELS
+    if impl not in ("triton", "torch"):
+        raise ValueError(f"cpu kernels are 'triton' (interpreter) or 'torch', not {impl!r}")
+    CPU_KERNELS = impl
 
 
 @triton.jit
@@ -43,16 +52,19 @@ def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, i
     n = rows.shape[0]
     if n == 0:
         return out
-    if out.device.type == "cpu" and not INTERPRET:
-        return _ragged_gather_torch(table, rows, lens, indptr, out)
+    if out.device.type == "cpu" and CPU_KERNELS == "torch":
+        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out))  # a kernel: one opaque launch
+        return out
     args = (table, table.stride(0), table.shape[1], rows, lens, indptr, out)
     launch(lambda: _ragged_gather_kernel[(n,)](*args, BLOCK=GATHER_BLOCK))
     return out
 
 
 def _ragged_gather_torch(table, rows, lens, indptr, out):
+    """The kernel's CPU twin, row by row (its reads of lens and indptr are device-side reads)."""
     width = table.shape[1]
-    for i in range(rows.shape[0]):
-        n, s = min(int(lens[i]), width), int(indptr[i])
-        out[s : s + n] = table[int(rows[i]), :n]
-    return out
+    for i, (r, n, s) in enumerate(zip(rows.tolist(), lens.tolist(), indptr.tolist(), strict=False)):
+        if i == rows.shape[0]:
+            break
+        n = min(n, width)
+        out[s : s + n] = table[r, :n]

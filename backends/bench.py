@@ -1,0 +1,129 @@
+"""``attnmeta bench``: host time per decode step, side by side in one run.
+
+- floor: one packed host->device copy of the step's input bytes + replay of
+  the captured metadata graph (what a GPU allows at least);
+- compiled: the compiled backend's out_graph (staging, host ops, planner) +
+  replay;
+- unpacked: the same with pack-inputs disabled (one copy per input);
+- eager: the hand-written eager twin building the same metadata.
+
+Host time is measured around each step without synchronising (the device
+work per step is tiny, so the loop is host-bound); medians are reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
+
+from .eager import get_eager
+
+
+def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int) -> list[ForwardBatch]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        seq = torch.randint(1, L // 2 + 1, (bs,), generator=g, dtype=torch.int32)
+        rpi = (torch.randperm(rows - 1, generator=g)[:bs] + 1).to(torch.int64)
+        out.append(ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi,
+                                seq_lens=seq.to(dev), seq_lens_cpu=seq, seq_lens_sum=int(seq.sum())))
+    return out
+
+
+def _time(step: Callable[[int], None], iters: int, warmup: int, dev) -> float:
+    for i in range(warmup):
+        step(i)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    ts = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        step(i)
+        ts.append(time.perf_counter() - t0)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return statistics.median(ts) * 1e6
+
+
+def _captured(compiled, pool, dev, bs):
+    be = compiled.instantiate(pool, device=dev)
+    cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99)[0]
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    g = new_graph(dev)
+    with g.capture():
+        be.init_forward_metadata_in_graph(cap)
+    return be, g
+
+
+def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 300, warmup: int = 30,
+              max_context_len: int = 4096, device: str | None = None) -> list[dict]:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    max_bs = max(sizes)
+    opts = CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=max_context_len)
+    packed = compile_backend(backend, opts)
+    unpacked = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=max_context_len,
+                                                       disabled_passes=("pack-inputs",)))
+    rows_in_pool = max_bs + 1
+    pool = (torch.randperm(rows_in_pool * max_context_len, dtype=torch.int64) % (2**31 - 1)).to(torch.int32)
+    pool = pool.view(rows_in_pool, max_context_len).to(dev)
+    pool[0] = 0
+    eager = get_eager(backend)(pool, max_bs)
+    results = []
+    for bs in sizes:
+        batches = _batches(8, bs, max_context_len, rows_in_pool, dev, seed=bs)
+        views = [ReplayView.of(fb, bs) for fb in batches]
+        be, g = _captured(packed, pool, dev, bs)
+        nbytes = be.bound(ForwardMode.DECODE, bs).stager.copies[0][1].numel()
+        host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+        devbuf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+
+        def floor(i, host=host, devbuf=devbuf, g=g):
+            devbuf.copy_(host, non_blocking=True)
+            g.replay()
+
+        def compiled(i, be=be, g=g, views=views):
+            be.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
+            g.replay()
+
+        ube, ug = _captured(unpacked, pool, dev, bs)
+
+        def unpacked_step(i, be=ube, g=ug):
+            be.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
+            g.replay()
+
+        def eager_step(i):
+            eager.init_forward_metadata(batches[i % 8])
+
+        b = be.bound(ForwardMode.DECODE, bs)
+        parts = [  # where compiled time goes (each part alone)
+            ("stage", lambda i, b=b: b.stager.stage(batches[i % 8], bs, bs)),
+            ("host_ops", lambda i, b=b: b.out_fn(*b.out_args)),
+            ("check", lambda i: be._check_batch(batches[i % 8], bs)),
+            ("replay", lambda i, g=g: g.replay()),
+        ]
+        t = {name: _time(fn, iters, warmup, dev) for name, fn in
+             [("floor", floor), ("compiled", compiled), ("unpacked", unpacked_step), ("eager", eager_step), *parts]}
+        results.append({"bs": bs, **{f"{k}_us": round(v, 1) for k, v in t.items()},
+                        "compiled/floor": round(t["compiled"] / t["floor"], 2),
+                        "eager/compiled": round(t["eager"] / t["compiled"], 2),
+                        "staged_bytes": nbytes})
+        del views
+    return results
+
+
+def format_table(rows: list[dict], device: str) -> str:
+    cols = ["bs", "floor_us", "compiled_us", "unpacked_us", "eager_us", "compiled/floor", "eager/compiled",
+            "stage_us", "host_ops_us", "check_us", "replay_us", "staged_bytes"]
+    lines = [f"host time per decode step on {device} (median µs)", "| " + " | ".join(cols) + " |",
+             "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
