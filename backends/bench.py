@@ -64,60 +64,54 @@ def _captured(compiled, pool, dev, bs):
     return be, g
 
 
+def _bench_bs(bs, packed, unpacked, pool, eager, dev, iters, warmup, L) -> dict:
+    batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs)
+    be, g = _captured(packed, pool, dev, bs)
+    ube, ug = _captured(unpacked, pool, dev, bs)
+    b = be.bound(ForwardMode.DECODE, bs)
+    nbytes = b.stager.copies[0][1].numel()
+    host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
+    devbuf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
+
+    def floor(i):
+        devbuf.copy_(host, non_blocking=True)
+        g.replay()
+
+    def compiled(i):
+        be.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
+        g.replay()
+
+    def unpacked_step(i):
+        ube.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
+        ug.replay()
+
+    steps = [
+        ("floor", floor), ("compiled", compiled), ("unpacked", unpacked_step),
+        ("eager", lambda i: eager.init_forward_metadata(batches[i % 8])),
+        # where the compiled step's time goes, each part alone
+        ("stage", lambda i: b.stager.stage(batches[i % 8], bs, bs)),
+        ("host_ops", lambda i: b.out_fn(*b.out_args)),
+        ("check", lambda i: be._check_batch(batches[i % 8], bs)),
+        ("replay", lambda i: g.replay()),
+    ]
+    t = {name: _time(fn, iters, warmup, dev) for name, fn in steps}
+    return {"bs": bs, **{f"{k}_us": round(v, 1) for k, v in t.items()},
+            "compiled/floor": round(t["compiled"] / t["floor"], 2),
+            "eager/compiled": round(t["eager"] / t["compiled"], 2), "staged_bytes": nbytes}
+
+
 def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 300, warmup: int = 30,
               max_context_len: int = 4096, device: str | None = None) -> list[dict]:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    max_bs = max(sizes)
-    opts = CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=max_context_len)
-    packed = compile_backend(backend, opts)
-    unpacked = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=max_context_len,
+    max_bs, L = max(sizes), max_context_len
+    packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L))
+    unpacked = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
                                                        disabled_passes=("pack-inputs",)))
-    rows_in_pool = max_bs + 1
-    pool = (torch.randperm(rows_in_pool * max_context_len, dtype=torch.int64) % (2**31 - 1)).to(torch.int32)
-    pool = pool.view(rows_in_pool, max_context_len).to(dev)
+    rows = max_bs + 1
+    pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
     eager = get_eager(backend)(pool, max_bs)
-    results = []
-    for bs in sizes:
-        batches = _batches(8, bs, max_context_len, rows_in_pool, dev, seed=bs)
-        views = [ReplayView.of(fb, bs) for fb in batches]
-        be, g = _captured(packed, pool, dev, bs)
-        nbytes = be.bound(ForwardMode.DECODE, bs).stager.copies[0][1].numel()
-        host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
-        devbuf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
-
-        def floor(i, host=host, devbuf=devbuf, g=g):
-            devbuf.copy_(host, non_blocking=True)
-            g.replay()
-
-        def compiled(i, be=be, g=g, views=views):
-            be.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
-            g.replay()
-
-        ube, ug = _captured(unpacked, pool, dev, bs)
-
-        def unpacked_step(i, be=ube, g=ug):
-            be.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
-            g.replay()
-
-        def eager_step(i):
-            eager.init_forward_metadata(batches[i % 8])
-
-        b = be.bound(ForwardMode.DECODE, bs)
-        parts = [  # where compiled time goes (each part alone)
-            ("stage", lambda i, b=b: b.stager.stage(batches[i % 8], bs, bs)),
-            ("host_ops", lambda i, b=b: b.out_fn(*b.out_args)),
-            ("check", lambda i: be._check_batch(batches[i % 8], bs)),
-            ("replay", lambda i, g=g: g.replay()),
-        ]
-        t = {name: _time(fn, iters, warmup, dev) for name, fn in
-             [("floor", floor), ("compiled", compiled), ("unpacked", unpacked_step), ("eager", eager_step), *parts]}
-        results.append({"bs": bs, **{f"{k}_us": round(v, 1) for k, v in t.items()},
-                        "compiled/floor": round(t["compiled"] / t["floor"], 2),
-                        "eager/compiled": round(t["eager"] / t["compiled"], 2),
-                        "staged_bytes": nbytes})
-        del views
-    return results
+    return [_bench_bs(bs, packed, unpacked, pool, eager, dev, iters, warmup, L) for bs in sizes]
 
 
 def format_table(rows: list[dict], device: str) -> str:
