@@ -91,7 +91,6 @@ def _bench_bs(bs, packed, unpacked, pool, eager, dev, iters, warmup, L) -> dict:
         # where the compiled step's time goes, each part alone
         ("stage", lambda i: b.stager.stage(batches[i % 8], bs, bs)),
         ("host_ops", lambda i: b.out_fn(*b.out_args)),
-        ("check", lambda i: be._check_batch(batches[i % 8], bs)),
         ("replay", lambda i: g.replay()),
     ]
     t = {name: _time(fn, iters, warmup, dev) for name, fn in steps}
@@ -116,7 +115,7 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
 
 def format_table(rows: list[dict], device: str) -> str:
     cols = ["bs", "floor_us", "compiled_us", "unpacked_us", "eager_us", "compiled/floor", "eager/compiled",
-            "stage_us", "host_ops_us", "check_us", "replay_us", "staged_bytes"]
+            "stage_us", "host_ops_us", "replay_us", "staged_bytes"]
     lines = [f"host time per decode step on {device} (median µs)", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]

@@ -17,7 +17,7 @@ import torch
 
 from attnmeta.compiler import CompiledBackend
 from attnmeta.compiler.ir import Role
-from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, out_arg
+from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, host_arg, out_arg
 from attnmeta.compiler.modes import ForwardMode
 
 from .backend import AttentionBackend
@@ -64,6 +64,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.inputs: dict[tuple[ForwardMode, str], torch.Tensor] = {}  # static, at max_bs
         self.outbufs: dict[str, torch.Tensor] = {}
         self.crossbufs: dict[str, torch.Tensor] = {}
+        self.hostbufs: dict[str, torch.Tensor] = {}  # out_graph host values, at max_bs
         self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
         self._current: _Bound | None = None
         self._event: list = [None]
@@ -125,7 +126,8 @@ class CompiledAttentionBackend(AttentionBackend):
             host = self._view(self.inputs[(mode, "host:" + i.name)], i.type, env)
             slots.append(Slot(i.source, (dev or i).name, host,
                               None if dev is None else self._view(self.inputs[(mode, dev.name)], dev.type, env),
-                              i.fill if i.fill is not None else 0))
+                              i.fill if i.fill is not None else 0,
+                              self.max_context_len if i.source in ("seq_lens", "seq_lens_cpu") else None))
             if i.offset is not None:
                 nbytes = max(nbytes, i.offset + host.numel() * host.element_size())
         if any(i.offset is None for i in batch):  # unpacked: one copy per input, the cost pack-inputs removes
@@ -145,16 +147,23 @@ class CompiledAttentionBackend(AttentionBackend):
             n = nodes[name]
             buf = self.outbufs.get(field_of.get(name, ""))
             values[name] = eval_const(n, self.device, None if buf is None else self._view(buf, n.type, env))
+        generic = self.compiled.generic[mode].types()  # buffers are sized from the generic type at max_bs
         crossing = []
         for name in plan.crossing:
             t = types[name]
             if name not in self.crossbufs:
-                self.crossbufs[name] = self._alloc(t.dtype.torch, t.numel({**env, "bs": self.max_bs}), False)
+                self.crossbufs[name] = self._alloc(t.dtype.torch, generic[name].numel(self.env), False)
             values[name] = self._view(self.crossbufs[name], t, env)
             crossing.append(values[name])
         for o in g.outputs:
             if o.field in self.outbufs:
                 values[out_arg(o.field)] = self._view(self.outbufs[o.field], types[o.value], env)
+        for a in plan.out_args:
+            if a.startswith("hbuf__"):
+                name, t = a[len("hbuf__"):], types[a[len("hbuf__"):]]
+                if name not in self.hostbufs:
+                    self.hostbufs[name] = torch.zeros(generic[name].numel(self.env), dtype=t.dtype.torch)
+                values[a] = self._view(self.hostbufs[name], t, env)
         meta = SimpleNamespace(**{o.field: values.get(out_arg(o.field), values.get(o.value)) for o in g.outputs})
         return _Bound(mode, plan, self._stager(mode, g, env), plan.out_gm.forward,
                       [values[a] for a in plan.out_args], [values[a] for a in plan.in_args], crossing, meta,
@@ -168,21 +177,14 @@ class CompiledAttentionBackend(AttentionBackend):
         return b
 
     # --- the contract ---
-    def _check_batch(self, fb, raw: int) -> None:
-        if fb.batch_size > self.max_bs:
-            raise BatchError(f"batch size {fb.batch_size} exceeds max_bs={self.max_bs} the backend was compiled "
-                             f"for; recompile with a larger --max-bs")
-        cpu = getattr(fb, "seq_lens_cpu", None)
-        if cpu is not None and raw:
-            longest = int(cpu[:raw].max())
-            if longest > self.max_context_len:
-                raise BatchError(f"a sequence of {longest} tokens exceeds max_context_len={self.max_context_len}; "
-                                 f"recompile with a larger --max-context-len")
-
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         raw = 0 if fb.actual_forward_mode.is_idle() else getattr(fb, "raw_batch_size", fb.batch_size)
-        self._check_batch(fb, raw)
-        b = self.bound(fb.forward_mode, fb.batch_size)
+        b = self._bound.get((fb.forward_mode.graph_key, fb.batch_size))
+        if b is None:
+            if fb.batch_size > self.max_bs:
+                raise BatchError(f"batch size {fb.batch_size} exceeds max_bs={self.max_bs} the backend was "
+                                 f"compiled for; recompile with a larger --max-bs")
+            b = self.bound(fb.forward_mode, fb.batch_size)
         b.stager.stage(fb, fb.batch_size, raw)
         if b.plan.out_results:
             results = b.out_fn(*b.out_args)

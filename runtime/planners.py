@@ -35,7 +35,7 @@ class ReferenceDecodePlanner:
         if indptr_host.shape[0] != bs + 1:
             raise PlanError(f"indptr has {indptr_host.shape[0]} entries for batch size {bs}; expected {bs + 1}")
         self.calls += 1
-        return DecodePlan(bs, int(indptr_host[-1]), self.calls)
+        return DecodePlan(bs, int(indptr_host.numpy()[-1]), self.calls)
 
 
 def default_planners() -> dict:

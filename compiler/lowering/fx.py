@@ -31,12 +31,17 @@ def out_arg(field: str) -> str:
     return f"out__{field}"
 
 
+def host_arg(value: str) -> str:
+    """Placeholder of the static host buffer an out_graph value is written into."""
+    return f"hbuf__{value}"
+
+
 @attrs.frozen
 class LoweredPlan:
     graph: Graph
     consts: tuple[str, ...]
     out_gm: fx.GraphModule
-    out_args: tuple[str, ...]  # placeholder order: value names, DEVICE, PLANNERS
+    out_args: tuple[str, ...]  # placeholder order: value names, hbuf__<value>, DEVICE, PLANNERS
     out_results: tuple[str, ...]
     in_gm: fx.GraphModule
     in_args: tuple[str, ...]  # value names, out__<field>, DEVICE
@@ -115,8 +120,9 @@ def lower(g: Graph) -> LoweredPlan:
     crossing = tuple(dict.fromkeys(x for n in in_nodes for x in n.inputs if x in out_names))
     out_fields_from_out = [o.value for o in g.outputs if o.value in out_names]
     ob = _Builder()
-    for n in out_nodes:
-        ob.call(n)
+    for n in out_nodes:  # host tensors land in static host buffers: no allocation per step
+        static = n.type.placement.on_host and n.type.dtype.value != "opaque" and not n.type.is_dynamic
+        ob.call(n, out=ob.arg(host_arg(n.name)) if static and n.op is not Op.host_call else None)
     out_results = tuple(dict.fromkeys([*crossing, *out_fields_from_out]))
     out_gm = ob.module([ob.env[x] for x in out_results])
 

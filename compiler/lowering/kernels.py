@@ -25,11 +25,12 @@ def k_arange(start, step, n, dtype, device=None, out=None):
 
 
 def k_cumsum(x, leading_zero, out=None):
+    """A bound ``out`` is a static buffer zeroed at allocation whose entry 0 nothing else writes,
+    so the leading zero is already there: one op per step, not two."""
     n = x.shape[0]
     if out is None:
-        out = torch.empty(n + int(leading_zero), dtype=x.dtype, device=x.device)
+        out = torch.zeros(n + int(leading_zero), dtype=x.dtype, device=x.device)
     if leading_zero:
-        out[:1].zero_()
         torch.cumsum(x, 0, dtype=x.dtype, out=out[1:])
     else:
         torch.cumsum(x, 0, dtype=x.dtype, out=out)
