@@ -17,7 +17,7 @@ import torch
 
 from attnmeta.compiler import CompiledBackend
 from attnmeta.compiler.ir import Role
-from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, host_arg, out_arg
+from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, out_arg
 from attnmeta.compiler.modes import ForwardMode
 
 from .backend import AttentionBackend
