@@ -139,6 +139,31 @@ class SpecBuilder:
     def reduce(self, fn: str, x: V, name=None) -> V:
         return self.op(Op.reduce, x, fn=fn, name=name)
 
+    def slice(self, x: V, start, stop, name=None) -> V:
+        return self.op(Op.slice, x, start=start, stop=stop, name=name)
+
+    def compare(self, fn: str, x: V, y: V | int, name=None) -> V:
+        if isinstance(y, int):
+            y = self.full(y, [], x.type.dtype, x.type.placement)
+        return self.op(Op.compare, x, y, fn=fn, name=name)
+
+    def where(self, cond: V, x: V, y: V | int, name=None) -> V:
+        if isinstance(y, int):
+            y = self.full(y, [], x.type.dtype, x.type.placement)
+        return self.op(Op.where, cond, x, y, name=name)
+
+    def page_table(self, table: V, rows: V, lens: V, page_size: int, width, name=None) -> V:
+        return self.op(Op.page_table, table, rows, lens, page_size=page_size, width=width, name=name)
+
+    def repeat(self, x: V, times, name=None) -> V:
+        return self.op(Op.repeat, x, times=times, name=name)
+
+    def lookup(self, table: V, idx: V, name=None) -> V:
+        return self.op(Op.lookup, table, idx, name=name)
+
+    def copy(self, x: V, name=None) -> V:
+        return self.op(Op.copy, x, name=name)
+
     def host_call(self, target: str, *ins: V, name=None) -> V:
         return self.op(Op.host_call, *ins, target=target, name=name)
 

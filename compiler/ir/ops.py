@@ -15,6 +15,8 @@ import attrs
 import sympy
 import torch
 
+from . import ops_index as ix
+from .ops_index import ShapeError
 from .types import DType, Dynamic, Placement, TensorType, dim
 
 AttrValue = int | bool | str | sympy.Expr | Dynamic | DType | tuple
@@ -35,10 +37,16 @@ class Op(enum.Enum):
     to_device = "to_device"
     nonzero = "nonzero"
     host_call = "host_call"
-
-
-class ShapeError(ValueError):
-    """An op applied to inputs its shape rule rejects."""
+    slice = "slice"
+    split_at = "split_at"
+    compare = "compare"
+    where = "where"
+    page_table = "page_table"
+    repeat = "repeat"
+    lookup = "lookup"
+    sort_rows = "sort_rows"
+    reduce_rows = "reduce_rows"
+    copy = "copy"
 
 
 @attrs.frozen
@@ -114,7 +122,8 @@ def _infer_ewise(ins, a):
         raise ShapeError(f"ewise fn must be one of {sorted(EWISE)}, got {a['fn']!r}")
     if y.shape not in (x.shape, ()):
         raise ShapeError(f"ewise operands differ in shape: {x} vs {y} (the second may be a scalar)")
-    if x.dtype != y.dtype or x.placement != y.placement:
+    # a 0-d second operand may sit anywhere: check-split, not the type rule, rejects a host scalar in the graph
+    if x.dtype != y.dtype or (x.placement != y.placement and y.shape != ()):
         raise ShapeError(f"ewise operands differ in dtype or placement: {x} vs {y}")
     return x
 
@@ -200,6 +209,19 @@ OPS: dict[Op, OpInfo] = {
     Op.nonzero: OpInfo(1, {}, _infer_nonzero, lambda ins, a: torch.nonzero(ins[0]).flatten(), False, syncs=True),
     Op.host_call: OpInfo(None, {"target": str}, _infer_host_call, lambda ins, a: None, False,
                          doc="opaque host planner (e.g. FlashInfer plan); runs out of graph"),
+    Op.slice: OpInfo(1, {"start": _DIM, "stop": _DIM}, ix.infer_slice, ix.ref_slice, True,
+                     doc="static row range x[start:stop] (slice-to-bs, TBO children)"),
+    Op.split_at: OpInfo(2, {}, ix.infer_split_at, ix.ref_split_at, False,
+                        doc="rows up to a per-step index: a data-dependent partition"),
+    Op.compare: OpInfo(2, {"fn": str}, ix.infer_compare, ix.ref_compare, True),
+    Op.where: OpInfo(3, {}, ix.infer_where, ix.ref_where, True),
+    Op.page_table: OpInfo(3, {"page_size": int, "width": _DIM}, ix.infer_page_table, ix.ref_page_table, True,
+                          doc="out[i, j] = table[rows[i], j*P] // P for pages j < ceil(lens[i]/P), else 0"),
+    Op.repeat: OpInfo(1, {"times": _DIM}, ix.infer_repeat, ix.ref_repeat, True, doc="repeat_interleave by a constant"),
+    Op.lookup: OpInfo(2, {}, ix.infer_lookup, ix.ref_lookup, True, doc="table[idx] (e.g. full->SWA slots)"),
+    Op.sort_rows: OpInfo(1, {}, ix.infer_rows, ix.ref_sort_rows, True),
+    Op.reduce_rows: OpInfo(1, {"fn": str}, ix.infer_rows, ix.ref_reduce_rows, True),
+    Op.copy: OpInfo(1, {}, lambda ins, a: ins[0], lambda ins, a: ins[0].clone(), True, doc="bind-output copy"),
 }
 
 

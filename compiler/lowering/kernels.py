@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ..ir import OPS, Op
+from ..ir import ops_index as ix
 from ..ir.ops import EWISE, REDUCE
 from . import triton_kernels
 
@@ -86,7 +87,60 @@ def k_host_call(planners: Mapping[str, Callable], target: str, *args):
     return fn(*args)
 
 
+def _into(r, out):
+    return r if out is None else out.copy_(r)
+
+
+def k_slice(x, start, stop, out=None):
+    return _into(x[start:stop], out)
+
+
+def k_split_at(x, k, out=None):
+    return x[: int(k)]
+
+
+def k_compare(x, y, fn, out=None):
+    return _into(ix.CMP[fn](x, y), out)
+
+
+def k_where(c, x, y, out=None):
+    return _into(torch.where(c, x, y), out)
+
+
+def k_page_table(table, rows, lens, page_size, width, out=None):
+    """Static width with an on-device row guard: no host max is baked in."""
+    cols = torch.arange(width, device=rows.device)
+    cap = min(width, -(-table.shape[1] // page_size))
+    src = (cols.clamp(max=cap - 1) * page_size)[None, :]
+    pages = torch.gather(table[rows.long()], 1, src.expand(rows.shape[0], -1)) // page_size
+    valid = (cols[None, :] * page_size < lens[:, None]) & (cols[None, :] < cap)
+    return _into(torch.where(valid, pages, 0).to(torch.int32), out)
+
+
+def k_repeat(x, times, out=None):
+    return _into(torch.repeat_interleave(x, times, output_size=x.shape[0] * times), out)
+
+
+def k_lookup(table, idx, out=None):
+    return _into(table[idx.long()], out)
+
+
+def k_sort_rows(x, out=None):
+    return _into(torch.sort(x, dim=1).values, out)
+
+
+def k_reduce_rows(x, fn, out=None):
+    return _into(ix.ref_reduce_rows([x], {"fn": fn}), out)
+
+
+def k_copy(x, out=None):
+    return x.clone() if out is None else out.copy_(x)
+
+
 KERNELS: dict[Op, Callable] = {
+    Op.slice: k_slice, Op.split_at: k_split_at, Op.compare: k_compare, Op.where: k_where,
+    Op.page_table: k_page_table, Op.repeat: k_repeat, Op.lookup: k_lookup, Op.sort_rows: k_sort_rows,
+    Op.reduce_rows: k_reduce_rows, Op.copy: k_copy,
     Op.full: k_full, Op.arange: k_arange, Op.cumsum: k_cumsum, Op.cast: k_cast, Op.ewise: k_ewise,
     Op.ewise_const: k_ewise_const, Op.ragged_gather: k_ragged_gather, Op.reduce: k_reduce, Op.item: k_item,
     Op.to_host: k_to_host, Op.to_device: k_to_device, Op.nonzero: k_nonzero, Op.host_call: k_host_call,

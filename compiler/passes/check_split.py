@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import attrs
+import networkx as nx
 
 from ..ir import OPS, Graph, Op, Region, Role
 from ..ir.types import concrete
@@ -47,10 +48,18 @@ def rule(rule_id: str) -> Callable[[Rule], Rule]:
     return deco
 
 
+# Ops with a rule of their own are reported there only, so each defect gets its most specific id.
+_SPECIFIC = {Op.host_call: "planner-not-replayed", Op.split_at: "capture-dependent-split"}
+
+
+def _host_scalar(t) -> bool:
+    return t.placement.on_host and t.shape == () and t.dtype.value != "opaque"
+
+
 @rule("dynamic-shape-in-graph")
 def _dynamic(g: Graph) -> Iterator[Violation]:
     for n in g.region_nodes(Region.in_graph):
-        if n.type.is_dynamic:
+        if n.type.is_dynamic and n.op not in _SPECIFIC:
             yield Violation("dynamic-shape-in-graph", n.name, n.origin,
                             f"{n.op.value} produces {n.type}, whose extent depends on data; a captured graph "
                             "replays fixed shapes",
@@ -62,14 +71,14 @@ def _dynamic(g: Graph) -> Iterator[Violation]:
 def _host_value(g: Graph) -> Iterator[Violation]:
     types = g.types()
     for n in g.region_nodes(Region.in_graph):
-        host_ins = [x for x in n.inputs if types[x].placement.on_host]
+        host_ins = [x for x in n.inputs if types[x].placement.on_host and not _host_scalar(types[x])]
         if host_ins:
             yield Violation("host-value-in-graph", n.name, n.origin,
                             f"in_graph {n.op.value} reads host value(s) "
                             f"{', '.join('%' + x for x in host_ins)}; replay would not see new host data",
                             "read the device tensor instead (seq_lens, not seq_lens_cpu), or copy the host "
                             "value into a static device buffer in out_graph")
-        elif n.type.placement.on_host and n.op not in (Op.item, Op.to_host):
+        elif n.type.placement.on_host and n.op not in (Op.item, Op.to_host, *_SPECIFIC):
             yield Violation("host-value-in-graph", n.name, n.origin,
                             f"in_graph {n.op.value} writes a host tensor ({n.type})",
                             "produce a device tensor in in_graph, or move the step to out_graph")
@@ -79,7 +88,7 @@ def _host_value(g: Graph) -> Iterator[Violation]:
 def _unrecordable(g: Graph) -> Iterator[Violation]:
     for n in g.region_nodes(Region.in_graph):
         info = OPS[n.op]
-        if not info.recordable:
+        if not info.recordable and n.op not in _SPECIFIC:
             what = "synchronises device and host" if info.syncs else "cannot be captured"
             yield Violation("unrecordable-op-in-graph", n.name, n.origin,
                             f"{n.op.value} {what}; inside capture it raises or is frozen at its capture value",
@@ -124,6 +133,85 @@ def _capacity(g: Graph) -> Iterator[Violation]:
             yield Violation("buffer-capacity", n.name, n.origin,
                             f"capacity {cap} is smaller than the {need} entries {r} rows of up to {w} tokens can need",
                             "size the buffer for the largest batch: capacity=max_bs*L (include every K, S, D factor)")
+
+
+def _depends_on_batch(g: Graph) -> set[str]:
+    """Values computed from per-step batch data."""
+    dag = g.to_nx()
+    seeds = [i.name for i in g.inputs if i.role is Role.batch]
+    out = set(seeds)
+    for x in seeds:
+        out |= nx.descendants(dag, x)
+    return out
+
+
+@rule("unstable-buffer")
+def _unstable(g: Graph) -> Iterator[Violation]:
+    users = g.users()
+    fields = {o.value: o.field for o in g.outputs}
+    for n in g.region_nodes(Region.out_graph):
+        if n.type.placement.on_host:
+            continue
+        read_in_graph = any(u.region is Region.in_graph for u in users.get(n.name, []))
+        if n.name in fields:
+            yield Violation("unstable-buffer", n.name, n.origin,
+                            f"metadata field {fields[n.name]} is a device tensor out_graph makes anew every step; "
+                            "the captured kernel keeps reading the one it saw at capture",
+                            "compute it in in_graph so it is written in place into a static buffer "
+                            "(or declare the step movable and let hoist-upgrades record it)")
+        elif read_in_graph and n.type.is_dynamic:
+            yield Violation("unstable-buffer", n.name, n.origin,
+                            f"{n.op.value} result {n.type} crosses into the graph but has a data-dependent size, "
+                            "so no static buffer can hold it",
+                            "give it a static capacity so it is copied into a fixed buffer, or compute it in_graph")
+
+
+@rule("frozen-host-scalar")
+def _frozen_scalar(g: Graph) -> Iterator[Violation]:
+    types, dyn = g.types(), _depends_on_batch(g)
+    fields = {o.value: o.field for o in g.outputs}
+    for n in g.region_nodes(Region.in_graph):
+        scalars = [x for x in n.inputs if _host_scalar(types[x]) and x in dyn]
+        if scalars:
+            yield Violation("frozen-host-scalar", n.name, n.origin,
+                            f"in_graph {n.op.value} takes per-step host number(s) "
+                            f"{', '.join('%' + x for x in scalars)}; capture bakes in the value it had then",
+                            "use a static bound (e.g. L or max_bs*L) or a per-mode constant, or compute the number "
+                            "on device")
+    for value, field in fields.items():
+        if value in dyn and _host_scalar(types[value]):
+            n = g.producers().get(value)
+            yield Violation("frozen-host-scalar", value, n.origin if n else "",
+                            f"metadata field {field} is a per-step host number; a captured kernel launch freezes "
+                            "it at its capture-time value",
+                            "pass a static bound (e.g. max_seq_len = L) or make the value part of the graph key")
+
+
+@rule("planner-not-replayed")
+def _planner(g: Graph) -> Iterator[Violation]:
+    for n in g.region_nodes(Region.in_graph):
+        if n.op is Op.host_call:
+            yield Violation("planner-not-replayed", n.name, n.origin,
+                            f"planner {n.a['target']!r} is in in_graph: host work inside capture is not recorded, "
+                            "so replay reuses the capture-time plan",
+                            "declare the planner in out_graph, where it runs before every replay")
+
+
+@rule("capture-dependent-split")
+def _split(g: Graph) -> Iterator[Violation]:
+    users = g.users()
+    fields = {o.value for o in g.outputs}
+    for n in g.nodes:
+        if n.op is not Op.split_at:
+            continue
+        graph_reads = n.region is Region.in_graph or n.name in fields or any(
+            u.region is Region.in_graph for u in users.get(n.name, []))
+        if graph_reads:
+            yield Violation("capture-dependent-split", n.name, n.origin,
+                            "a partition taken at a per-step index reaches the graph: replay keeps the split "
+                            "computed from the capture batch",
+                            "derive the split from (mode, bs) at compile time (static slice), or compute it on "
+                            "device with static extents")
 
 
 def find_violations(g: Graph) -> list[Violation]:

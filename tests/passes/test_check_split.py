@@ -148,3 +148,61 @@ def test_compile_backend_rejects_bad_spec():
 
     with pytest.raises(SplitError, match="host-value-in-graph"):
         compile_backend(BackendSpec("bad", build, (ForwardMode.DECODE,)), CompileOptions(max_bs=4))
+
+
+def test_unstable_buffer():
+    b, seq, cpu, rpi, r2t = base()
+    with b.out_graph():
+        ind = b.cumsum(seq)  # MARK-unstable
+    b.outputs(kv_indptr=ind)
+    (v,) = violations(b.build())
+    assert (v.rule, v.node, v.origin) == ("unstable-buffer", ind.name, line_of("MARK-unstable"))
+    assert "kv_indptr" in v.message and "in place" in v.fix
+
+
+def test_frozen_host_scalar_as_field_and_as_graph_argument():
+    b, seq, cpu, rpi, r2t = base()
+    with b.out_graph():
+        longest = b.reduce("max", cpu)  # MARK-max
+    with b.in_graph():
+        shifted = b.ewise("add", seq, longest)  # MARK-frozen
+    b.outputs(max_seq_len_k=longest, shifted=shifted)
+    vs = violations(b.build())
+    assert {(v.rule, v.node, v.origin) for v in vs} == {
+        ("frozen-host-scalar", longest.name, line_of("MARK-max")),
+        ("frozen-host-scalar", shifted.name, line_of("MARK-frozen")),
+    }
+
+
+def test_constant_host_scalar_is_not_frozen():
+    b, seq, cpu, rpi, r2t = base()
+    with b.out_graph():
+        c = b.full(4, [], I32, Placement.host)
+    b.outputs(max_seq_len_q=c)
+    check_split(specialize(b.build()))
+
+
+def test_planner_not_replayed():
+    b, seq, cpu, rpi, r2t = base()
+    with b.in_graph():
+        plan = b.host_call("flashinfer.decode_plan", seq)  # MARK-plan
+    b.outputs(plan=plan)
+    (v,) = violations(b.build())
+    assert (v.rule, v.node, v.origin) == ("planner-not-replayed", plan.name, line_of("MARK-plan"))
+
+
+def test_capture_dependent_split():
+    b, seq, cpu, rpi, r2t = base()
+    with b.out_graph():
+        half = b.ewise("floordiv", b.reduce("sum", cpu), b.full(2, [], I32, Placement.host))
+        child = b.op(Op.split_at, seq, half)  # MARK-split
+    with b.in_graph():
+        ind = b.cumsum(child)
+    b.outputs(child_indptr=ind)
+    vs = violations(b.build())
+    assert ("capture-dependent-split", child.name, line_of("MARK-split")) in {(v.rule, v.node, v.origin) for v in vs}
+    assert all(v.rule != "unrecordable-op-in-graph" for v in vs)
+
+
+def test_every_designed_rule_is_implemented():
+    assert len(RULES) == 10

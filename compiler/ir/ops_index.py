@@ -1,0 +1,131 @@
+"""Shape rules and reference semantics of the indexing ops (slices, page
+tables, lookups, repeats, row sorts). Assembled into the one op table in
+ops.py; kept apart so each file stays readable."""
+
+from __future__ import annotations
+
+import attrs
+import sympy
+import torch
+
+from .types import DType, Dynamic, TensorType
+
+
+class ShapeError(ValueError):
+    """An op applied to inputs its shape rule rejects."""
+
+
+CMP = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}
+
+
+def _rank(t: TensorType, r: int, what: str) -> None:
+    if len(t.shape) != r:
+        raise ShapeError(f"{what} must be {r}-D, got {t}")
+
+
+def infer_slice(ins, a):
+    (x,) = ins
+    if not x.shape:
+        raise ShapeError(f"slice needs at least 1-D input, got {x}")
+    return attrs.evolve(x, shape=(a["stop"] - a["start"], *x.shape[1:]))
+
+
+def ref_slice(ins, a):
+    return ins[0][int(a["start"]) : int(a["stop"])].clone()
+
+
+def infer_split_at(ins, a):
+    x, k = ins
+    if k.shape != ():
+        raise ShapeError(f"split_at index must be a scalar, got {k}")
+    return attrs.evolve(x, shape=(Dynamic(f"split_at({x.shape[0]})"), *x.shape[1:]))
+
+
+def ref_split_at(ins, a):
+    return ins[0][: int(ins[1])].clone()
+
+
+def infer_compare(ins, a):
+    x, y = ins
+    if a["fn"] not in CMP:
+        raise ShapeError(f"compare fn must be one of {sorted(CMP)}, got {a['fn']!r}")
+    if y.shape not in (x.shape, ()) or x.placement != y.placement:
+        raise ShapeError(f"compare operands differ: {x} vs {y} (the second may be a scalar)")
+    return attrs.evolve(x, dtype=DType.bool)
+
+
+def ref_compare(ins, a):
+    return CMP[a["fn"]](ins[0], ins[1])
+
+
+def infer_where(ins, a):
+    c, x, y = ins
+    if c.dtype is not DType.bool or c.shape != x.shape:
+        raise ShapeError(f"where condition must be bool of shape {x.shape}, got {c}")
+    if y.shape not in (x.shape, ()) or y.dtype != x.dtype:
+        raise ShapeError(f"where branches differ: {x} vs {y} (the second may be a scalar)")
+    return x
+
+
+def ref_where(ins, a):
+    return torch.where(ins[0], ins[1], ins[2])
+
+
+def infer_page_table(ins, a):
+    table, rows, lens = ins
+    _rank(table, 2, "page_table table")
+    _rank(rows, 1, "page_table rows")
+    _rank(lens, 1, "page_table lens")
+    return TensorType(DType.int32, (rows.shape[0], a["width"]), rows.placement)
+
+
+def ref_page_table(ins, a):
+    table, rows, lens = ins
+    P, W = int(a["page_size"]), int(a["width"])
+    out = torch.zeros(rows.shape[0], W, dtype=torch.int32)
+    for i in range(rows.shape[0]):
+        n = min(-(-int(lens[i]) // P), W, -(-table.shape[1] // P))
+        out[i, :n] = (table[int(rows[i]), 0 : n * P : P] // P).to(torch.int32)
+    return out
+
+
+def infer_repeat(ins, a):
+    (x,) = ins
+    _rank(x, 1, "repeat input")
+    return attrs.evolve(x, shape=(x.shape[0] * a["times"],))
+
+
+def ref_repeat(ins, a):
+    return torch.repeat_interleave(ins[0], int(a["times"]))
+
+
+def infer_lookup(ins, a):
+    table, idx = ins
+    _rank(table, 1, "lookup table")
+    if idx.dtype not in (DType.int32, DType.int64):
+        raise ShapeError(f"lookup indices must be integers, got {idx}")
+    return attrs.evolve(idx, dtype=table.dtype)
+
+
+def ref_lookup(ins, a):
+    return ins[0][ins[1].long()]
+
+
+def infer_rows(ins, a):
+    (x,) = ins
+    _rank(x, 2, f"{a.get('fn', 'sort')} rows input")
+    return x if "fn" not in a else attrs.evolve(x, shape=(x.shape[0],))
+
+
+def ref_sort_rows(ins, a):
+    return torch.sort(ins[0], dim=1).values
+
+
+def ref_reduce_rows(ins, a):
+    x = ins[0]
+    fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[a["fn"]]
+    return fn(x, dim=1).to(x.dtype) if x.shape[1] else torch.zeros(x.shape[0], dtype=x.dtype)
+
+
+def is_dim(v) -> bool:
+    return isinstance(v, sympy.Expr | Dynamic)
