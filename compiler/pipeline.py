@@ -9,13 +9,25 @@ from collections.abc import Sequence
 
 from .instruments import Instrument
 from .ir import Graph, VerifyError
-from .passes import check_split, infer_shapes, pack_inputs, specialize_batch, verify  # noqa: F401  (registration)
+from .passes import (  # noqa: F401  (registration)
+    check_split,
+    cse,
+    dce,
+    hoist_upgrades,
+    infer_shapes,
+    pack_inputs,
+    specialize_batch,
+    verify,
+)
 from .passes.check_split import SplitError
 from .passes.registry import PassContext, get_pass
 
 GENERIC_PASSES = (
     "verify",  # structure and types, as the author wrote them
     "infer-shapes",  # canonical symbolic shapes; data-dependent dims marked
+    "hoist-upgrades",  # recordable device work moves into the graph (DSV4 raw->full upgrades)
+    "dce",  # drop what no output or planner needs
+    "cse",  # one node per distinct computation
     "pack-inputs",  # one staging layout (at max_bs) for every per-step input: one H2D per step
 )
 PER_BS_PASSES = (

@@ -65,6 +65,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.outbufs: dict[str, torch.Tensor] = {}
         self.crossbufs: dict[str, torch.Tensor] = {}
         self.hostbufs: dict[str, torch.Tensor] = {}  # out_graph host values, at max_bs
+        self.consts: dict[tuple, torch.Tensor] = {}
         self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
         self._current: _Bound | None = None
         self._event: list = [None]
@@ -143,10 +144,13 @@ class CompiledAttentionBackend(AttentionBackend):
             if i.role is Role.batch:
                 values[i.name] = self._view(self.inputs[(mode, i.name)], i.type, env)
         field_of = {o.value: o.field for o in g.outputs}
-        for name in plan.consts:
-            n = nodes[name]
-            buf = self.outbufs.get(field_of.get(name, ""))
-            values[name] = eval_const(n, self.device, None if buf is None else self._view(buf, n.type, env))
+        for name in plan.consts:  # evaluated once per plan, then kept: they never change
+            key = (mode, plan.graph.env["bs"], name)
+            if key not in self.consts:
+                n = nodes[name]
+                buf = self.outbufs.get(field_of.get(name, ""))
+                self.consts[key] = eval_const(n, self.device, None if buf is None else self._view(buf, n.type, env))
+            values[name] = self.consts[key]
         generic = self.compiled.generic[mode].types()  # buffers are sized from the generic type at max_bs
         crossing = []
         for name in plan.crossing:

@@ -48,7 +48,8 @@ def k_ewise(x, y, fn, out=None):
 
 
 def k_ewise_const(x, fn, value, out=None):
-    r = EWISE[fn](x, value)
+    # min/max against a Python number as clamp: a scalar tensor would be an H2D copy inside capture
+    r = x.clamp(max=value) if fn == "min" else x.clamp(min=value) if fn == "max" else EWISE[fn](x, value)
     return r.to(x.dtype) if out is None else out.copy_(r)
 
 

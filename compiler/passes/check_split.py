@@ -153,7 +153,13 @@ def _unstable(g: Graph) -> Iterator[Violation]:
         if n.type.placement.on_host:
             continue
         read_in_graph = any(u.region is Region.in_graph for u in users.get(n.name, []))
-        if n.name in fields:
+        if n.movable:
+            yield Violation("unstable-buffer", n.name, n.origin,
+                            f"movable {n.op.value} was left in out_graph, so it would not be recorded: its result "
+                            "is made anew every step while the graph reads the capture-time one",
+                            "keep hoist-upgrades enabled, and make its inputs device values (not host mirrors) so "
+                            "it can be recorded")
+        elif n.name in fields:
             yield Violation("unstable-buffer", n.name, n.origin,
                             f"metadata field {fields[n.name]} is a device tensor out_graph makes anew every step; "
                             "the captured kernel keeps reading the one it saw at capture",

@@ -74,3 +74,78 @@ def test_hand_computed_case():
     assert out["kv_indices"].tolist() == [4, 8, 6, 5, 7, 3, 0]
     assert out["kv_last_page_len"].tolist() == [1, 1, 1]
     assert out["kv_indptr_host"].tolist() == [0, 4, 6, 7]
+
+
+def rich_spec(mode, opts):
+    """Many ops, a movable upgrade declared out of graph, a duplicate and a dead step."""
+    from attnmeta.compiler.ir import DType, Placement, SpecBuilder
+
+    I32, I64 = DType.int32, DType.int64
+    b = SpecBuilder("rich")
+    seq = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
+    cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0)
+    r2t = b.pool("req_to_token", I32, ["R", "L"])
+    with b.out_graph(movable=True):
+        pos = b.ewise("sub", seq, 1)
+        swa = b.ewise("min", pos, 5)
+        rep = b.repeat(swa, 2)
+    with b.in_graph():
+        ind = b.cumsum(seq)
+        ind2 = b.cumsum(seq)  # cse folds it into ind
+        idx = b.ragged_gather(r2t, rpi, seq, ind2, capacity="max_bs*L")
+        pt = b.page_table(r2t, rpi, seq, page_size=4, width="ceiling(L/4)")
+        odd = b.compare("eq", b.ewise("sub", seq, b.ewise("mul", b.ewise("floordiv", seq, 2), 2)), 1)
+        sel = b.where(odd, seq, 0)
+        b.ewise("mul", sel, 3)  # dead
+        tail = b.lookup(b.cast(b.arange("L", dtype=I32), I32), b.ewise("min", pos, b.full(0, [], I32)))
+    with b.out_graph():
+        host_ind = b.cumsum(cpu)
+        plan = b.host_call("flashinfer.decode_plan", host_ind, b.full(1, ["bs"], I32, Placement.host))
+    b.outputs(ind=ind, idx=idx, pt=pt, rep=rep, sel=sel, tail=tail, host_ind=host_ind, plan=plan,
+              ragged={"idx": "ind"})
+    return b.build()
+
+
+@given(raw=st.integers(0, MAX_BS), pad=st.integers(0, 2), seed=st.integers(0, 10_000))
+def test_every_pass_preserves_a_rich_spec(raw, pad, seed):
+    bs = min(MAX_BS, max(1, raw + pad))
+    pool = make_pool(ROWS, L, seed)
+    inputs = interp_inputs(make_batch(raw, L, ROWS, seed), bs, pool, FILLS)
+    ctx = PassContext(OPTS, ForwardMode.DECODE, bs)
+    g = rich_spec(ForwardMode.DECODE, OPTS)
+    want = run(run_passes(g, ["specialize-batch"], ctx), inputs)
+    for name in GENERIC_PASSES:
+        g = run_passes(g, [name], ctx)
+        same(run(run_passes(g, ["specialize-batch"], ctx), inputs), want)
+    for name in PER_BS_PASSES:
+        g = run_passes(g, [name], ctx)
+        same(run(g, inputs), want)
+    assert all(n.region.value == "in_graph" for n in g.nodes if n.movable)  # the upgrade was hoisted
+    assert len([n for n in g.nodes if n.op.value == "cumsum" and n.region.value == "in_graph"]) == 1
+
+
+def test_rich_spec_compiles_and_runs_through_the_runtime():
+    """The lowered plan (eager and captured on the emulated graph) equals the interpreter."""
+    from attnmeta.compiler import BackendSpec, compile_backend
+    from attnmeta.runtime import EmulatedGraph, ReplayView
+
+    spec = BackendSpec("rich", rich_spec, (ForwardMode.DECODE,))
+    cb = compile_backend(spec, CompileOptions(max_bs=MAX_BS, capture_sizes=(4,), max_context_len=L))
+    pool = make_pool(ROWS, L, 3)
+    be = cb.instantiate(pool)
+    cap = make_batch(4, L, ROWS, 1, max_len=3)
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    gr = EmulatedGraph()
+    with gr.capture():
+        be.init_forward_metadata_in_graph(cap)
+    for seed, raw in [(5, 4), (6, 3), (7, 0)]:
+        fb = make_batch(raw, L, ROWS, seed)
+        be.init_forward_metadata_out_graph(ReplayView.of(fb, 4))
+        gr.replay()
+        plan = cb.plan(ForwardMode.DECODE, 4)
+        want = run(plan.graph, interp_inputs(fb, 4, pool, FILLS))
+        m = be.forward_metadata
+        for field, w in want.items():
+            got = getattr(m, field)
+            assert torch.equal(got[: w.shape[0]] if field == "idx" else got, w), field
