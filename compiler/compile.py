@@ -59,7 +59,8 @@ class CompiledBackend:
                 "mode": mode.name.lower(), "bs": bs,
                 "out_graph": len(g.region_nodes(Region.out_graph)), "in_graph": len(g.region_nodes(Region.in_graph)),
                 "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.type.placement.on_host),
-                "kernels": sum(1 for n in g.region_nodes(Region.in_graph) if n.name not in p.consts),
+                "kernels": len(p.kernels) + sum(1 for n in g.region_nodes(Region.in_graph)
+                                                 if n.name not in p.consts and not n.kernel),
                 "bytes_per_step": staged, "captured_sizes": len(self.options.sizes),
             })
         return rows

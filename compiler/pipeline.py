@@ -13,6 +13,7 @@ from .passes import (  # noqa: F401  (registration)
     check_split,
     cse,
     dce,
+    fuse,
     hoist_upgrades,
     infer_shapes,
     pack_inputs,
@@ -33,6 +34,7 @@ GENERIC_PASSES = (
 PER_BS_PASSES = (
     "specialize-batch",  # substitute bs and config symbols: every static extent an int
     "check-split",  # the CUDA-graph rules; every violation at once
+    "fuse",  # in_graph work into one row-parallel Triton kernel
 )
 
 

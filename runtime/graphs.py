@@ -27,6 +27,7 @@ class CaptureSyncError(RuntimeError):
 
 
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__", "nonzero"}
+_ALLOC_ATEN = {"aten::empty", "aten::empty_like", "aten::empty_strided"}  # no kernel: nothing to replay
 _SYNC_ATEN = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_dim",
               "aten::_unique2", "aten::repeat_interleave"}
 
@@ -71,8 +72,8 @@ class _Recorder(TorchDispatchMode):
                                          for t in tree_flatten(args)[0]):
             raise _sync_error("boolean-mask indexing")
         out = func(*args, **kwargs)
-        if func.is_view:
-            return out  # the view aliases captured memory; nothing to re-run
+        if func.is_view or name in _ALLOC_ATEN:
+            return out  # a view aliases captured memory; an allocation is the graph pool's, made once
         if func._schema.is_mutable:
             self.tape.append(lambda: func(*args, **kwargs))
         else:  # functional: replay recomputes and writes into the captured output (its "pool" address)

@@ -51,6 +51,7 @@ class Node:
     region: Region
     movable: bool = False
     origin: str = ""  # spec line ("backends/flashinfer.py:31") or "pass:<name>"
+    kernel: str = ""  # the fused kernel this node lowers into (set by fuse)
 
     @property
     def a(self) -> dict[str, AttrValue]:

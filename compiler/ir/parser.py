@@ -22,7 +22,8 @@ _TYPE = r"(\w+)\[(.*?)\]@(\w+)"
 _HEADER = re.compile(rf"^graph ({_STR}) \[(.*)\] \{{$")
 _INPUT = re.compile(rf"^input %(\w+): {_TYPE} (\w+)(?: fill=(-?\d+))?(?: mirror=(\w+))?(?: offset=(\d+))?"
                     rf"(?: @({_STR}))?$")
-_NODE = re.compile(rf"^%(\w+) = (\w+)\((.*?)\)(?: \{{(.*)\}})? : {_TYPE} (\w+)( movable)?(?: @({_STR}))?$")
+_NODE = re.compile(rf"^%(\w+) = (\w+)\((.*?)\)(?: \{{(.*)\}})? : {_TYPE} (\w+)( movable)?(?: kernel=(\w+))?"
+                   rf"(?: @({_STR}))?$")
 _OUTPUT = re.compile(r"^output (\w+) = %(\w+)(?: ragged_by (\w+))?$")
 _ATTR = re.compile(rf"\s*(\w+)=({_STR}|\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
 
@@ -99,11 +100,11 @@ def parse(text: str) -> Graph:
                                     json.loads(origin) if origin else "", mirror,
                                     None if offset is None else int(offset)))
             elif mn := _NODE.match(s):
-                n, op, args, at, dt, dims, pl, region, movable, origin = mn.groups()
+                n, op, args, at, dt, dims, pl, region, movable, kernel, origin = mn.groups()
                 opv = Op(op)
                 ins = tuple(a.strip()[1:] for a in args.split(",") if a.strip())
                 nodes.append(Node(n, opv, ins, _attrs(opv, at), _type(dt, dims, pl), Region(region),
-                                  bool(movable), json.loads(origin) if origin else ""))
+                                  bool(movable), json.loads(origin) if origin else "", kernel or ""))
             elif mo := _OUTPUT.match(s):
                 outputs.append(Output(mo.group(1), mo.group(2), mo.group(3)))
             else:

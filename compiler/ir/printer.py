@@ -52,6 +52,8 @@ def fmt_node(n: Node) -> str:
     s += f" : {fmt_type(n.type)} {n.region.value}"
     if n.movable:
         s += " movable"
+    if n.kernel:
+        s += f" kernel={n.kernel}"
     if n.origin:
         s += f" @{json.dumps(n.origin)}"
     return s

@@ -12,6 +12,7 @@ per step.
 
 from __future__ import annotations
 
+import operator
 import re
 
 import attrs
@@ -47,10 +48,12 @@ class LoweredPlan:
     in_args: tuple[str, ...]  # value names, out__<field>, DEVICE
     crossing: tuple[str, ...]  # out_graph device values the graph reads: need static buffers
     in_outputs: tuple[str, ...]  # fields written by in_gm
+    kernels: tuple = ()  # FusedKernel sources launched by in_gm
 
     def code(self) -> str:
-        return (f"# out_graph of {self.graph.name}\n{self.out_gm.code}\n"
+        text = (f"# out_graph of {self.graph.name}\n{self.out_gm.code}\n"
                 f"# in_graph of {self.graph.name}\n{self.in_gm.code}")
+        return text + "".join(f"\n# fused kernel\n{k.source}" for k in self.kernels)
 
 
 def kernel_kwargs(n: Node) -> dict:
@@ -108,6 +111,32 @@ class _Builder:
         return fx.GraphModule(torch.nn.Module(), self.g)
 
 
+def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]):
+    """The fx target for one fused kernel: allocates unbound outputs, launches, returns the outputs."""
+    from .fusion import generate, load
+    from .launch import launch
+
+    bs = g.env["bs"]
+    fk = generate(g, group, bs, outs)
+    fn = load(fk)
+    meta = {**dict(fk.meta), "BLOCK": max(1, 1 << (bs - 1).bit_length())}
+    types, n_args = g.types(), len(fk.args)
+    tables = [fk.args.index(t) for t in fk.tables]
+    alloc = [None if x in bound else types[x] for x in outs]
+
+    def run(*xs):
+        ins, given = xs[:n_args], iter(xs[n_args:])
+        dev = next(t for t in (*ins, *xs[n_args:]) if isinstance(t, torch.Tensor)).device
+        res = [next(given) if t is None else torch.empty([int(d) for d in t.shape], dtype=t.dtype.torch, device=dev)
+               for t in alloc]
+        strides = [v for k in tables for v in (ins[k].stride(0), ins[k].shape[1])]
+        launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, **meta))
+        return tuple(res)
+
+    run.__name__ = fk.fn_name
+    return fk, run
+
+
 def lower(g: Graph) -> LoweredPlan:
     """Requires a specialized, split-checked graph. Produces a LoweredPlan."""
     consts = tuple(n.name for n in g.nodes if n.op in CONST_OPS)
@@ -131,8 +160,26 @@ def lower(g: Graph) -> LoweredPlan:
     for o in g.outputs:
         if o.value in in_names and o.value not in bound:
             bound[o.value] = o.field
+    group = [n.name for n in in_nodes if n.kernel]
+    after = _after(g, in_nodes, set(group))
+    kernels = []
     for n in in_nodes:
-        ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
+        if n.name not in after and not n.kernel:
+            ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
+    if group:
+        users = g.users()
+        fields = {o.value for o in g.outputs}
+        outs = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
+        fk, run = _launcher(g, group, outs, bound)
+        kernels.append(fk)
+        xs = [ib.env[a] if a in ib.env else ib.arg(a) for a in fk.args]
+        xs += [ib.arg(out_arg(bound[x])) for x in outs if x in bound]
+        call = ib.g.call_function(run, tuple(xs))
+        for k, x in enumerate(outs):
+            ib.env[x] = ib.g.call_function(operator.getitem, (call, k))
+    for n in in_nodes:
+        if n.name in after:
+            ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
     in_outputs = []
     for o in g.outputs:
         if o.value in out_names or o.value in const_set:
@@ -145,4 +192,13 @@ def lower(g: Graph) -> LoweredPlan:
         ib.g.call_method("copy_", (ib.arg(out_arg(o.field)), src))
     in_gm = ib.module([])
     return LoweredPlan(g, consts, out_gm, tuple(ob.args), out_results, in_gm, tuple(ib.args), crossing,
-                       tuple(in_outputs))
+                       tuple(in_outputs), tuple(kernels))
+
+
+def _after(g: Graph, in_nodes, group: set[str]) -> set[str]:
+    """Unfused in_graph nodes that read the fused kernel's results: they run after it."""
+    after: set[str] = set()
+    for n in in_nodes:
+        if not n.kernel and any(x in group or x in after for x in n.inputs):
+            after.add(n.name)
+    return after

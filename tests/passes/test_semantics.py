@@ -149,3 +149,13 @@ def test_rich_spec_compiles_and_runs_through_the_runtime():
         for field, w in want.items():
             got = getattr(m, field)
             assert torch.equal(got[: w.shape[0]] if field == "idx" else got, w), field
+
+
+def test_flashinfer_decode_is_one_fused_kernel_per_step():
+    from attnmeta.compiler import compile_backend
+
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=(1, 5, MAX_BS), max_context_len=L))
+    for row in cb.summary():
+        assert row["kernels"] == 1, row
+    sources = {k.source for p in cb.plans.values() for k in p.kernels}
+    assert len(sources) == 1  # bs is a runtime argument: one kernel source serves every captured size

@@ -1,0 +1,210 @@
+"""Triton source for a fused, row-parallel kernel (see passes/fuse.py).
+
+One program per request row ``i``. A per-row value has a scalar form (its
+value at row ``i``) and, when a prefix sum or a reduction needs the whole
+batch, a vector form over ``offs = arange(BLOCK)``: each program recomputes
+those cheap elementwise chains instead of exchanging data between programs.
+The batch size is a runtime argument and ``BLOCK`` its next power of two,
+so one source serves every captured size of a mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+
+import attrs
+
+from ..ir import Graph, Op
+
+_BIN = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})",
+        "min": "tl.minimum({a}, {b})", "max": "tl.maximum({a}, {b})"}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_TL = {"i32": "tl.int32", "i64": "tl.int64", "f32": "tl.float32", "bool": "tl.int1", "u8": "tl.uint8"}
+_IDENT = {"sum": "0", "max": "-2147483648", "min": "2147483647"}
+GATHER_BLOCK, PAGE_BLOCK = 128, 64
+
+
+@attrs.frozen
+class FusedKernel:
+    source: str
+    fn_name: str
+    args: tuple[str, ...]  # values read through pointers, in signature order
+    tables: tuple[str, ...]  # 2-D args that also pass (row stride, width)
+    outs: tuple[str, ...]  # values the kernel stores
+    meta: tuple[tuple[str, int], ...]  # constexpr block sizes (BLOCK added at launch)
+
+
+class _Emitter:
+    def __init__(self, g: Graph, group: set[str], bs: int, outs: set[str]):
+        self.g, self.group, self.bs, self.outs = g, group, bs, outs
+        self.types, self.nodes = g.types(), g.producers()
+        self.lines: list[str] = []
+        self.args: list[str] = []
+        self.tables: list[str] = []
+        self.memo: dict[tuple[str, str], str] = {}
+        self.meta: dict[str, int] = {}
+
+    def arg(self, x: str) -> str:
+        if x not in self.args:
+            self.args.append(x)
+        return f"p_{x}"
+
+    def emit(self, name: str, expr: str) -> str:
+        self.lines.append(f"    {name} = {expr}")
+        return name
+
+    # --- value forms ---
+    def scalar(self, x: str) -> str:
+        return self._form(x, "s")
+
+    def vector(self, x: str) -> str:
+        return self._form(x, "v")
+
+    def _form(self, x: str, f: str) -> str:
+        key = (x, f)
+        if key not in self.memo:
+            self.memo[key] = self._make(x, f)
+        return self.memo[key]
+
+    def _make(self, x: str, f: str) -> str:
+        t = self.types[x]
+        if x not in self.group:  # an argument: a per-row tensor or a device scalar
+            p = self.arg(x)
+            if t.shape == ():
+                return self.emit(f"{f}_{x}", f"tl.load({p})")
+            return self.emit(f"{f}_{x}", f"tl.load({p} + i)" if f == "s" else f"tl.load({p} + offs, mask=m, other=0)")
+        n = self.nodes[x]
+        a, ins = n.a, n.inputs
+        val = self.scalar if f == "s" else self.vector
+        if n.op is Op.ewise:
+            return self.emit(f"{f}_{x}", _BIN[a["fn"]].format(a=val(ins[0]), b=val(ins[1])))
+        if n.op is Op.ewise_const:
+            v, c = val(ins[0]), a["value"]
+            if a["fn"] == "floordiv":  # exact floor for c > 0 whatever the back end's rounding
+                return self.emit(f"{f}_{x}", f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))")
+            return self.emit(f"{f}_{x}", _BIN[a["fn"]].format(a=v, b=c))
+        if n.op is Op.cast:
+            return self.emit(f"{f}_{x}", f"{val(ins[0])}.to({_TL[a['dtype'].value]})")
+        if n.op is Op.compare:
+            return self.emit(f"{f}_{x}", f"({val(ins[0])} {_CMP[a['fn']]} {val(ins[1])})")
+        if n.op is Op.where:
+            return self.emit(f"{f}_{x}", f"tl.where({val(ins[0])}, {val(ins[1])}, {val(ins[2])})")
+        if n.op is Op.copy:
+            return val(ins[0])
+        if n.op is Op.lookup:
+            p = self.arg(ins[0])
+            idx = val(ins[1])
+            return self.emit(f"{f}_{x}", f"tl.load({p} + {idx})" if f == "s" else f"tl.load({p} + {idx}, mask=m, other=0)")
+        if n.op is Op.reduce:
+            r = f"tl.{a['fn']}(tl.where(m, {self.vector(ins[0])}, {_IDENT[a['fn']]}), axis=0)"
+            return self.emit(f"r_{x}", r)
+        if n.op is Op.cumsum and f == "s":
+            excl = self.emit(f"e_{x}", f"tl.sum(tl.where(offs < i, {self.vector(ins[0])}, 0), axis=0)")
+            inc = self.emit(f"s_{x}", f"{excl} + {self.scalar(ins[0])}")
+            return excl if a["leading_zero"] else inc
+        if n.op is Op.cumsum:
+            return self.emit(f"v_{x}", f"tl.cumsum({self.vector(ins[0])}, axis=0)")
+        raise NotImplementedError(f"no {f} form for {n.op.value}")
+
+    # --- stores ---
+    def store(self, x: str) -> None:
+        n, p = self.nodes[x], f"o_{x}"
+        if n.op is Op.cumsum and n.a["leading_zero"]:
+            excl = self.scalar(x)
+            self.lines.append(f"    tl.store({p} + i + 1, {excl} + {self.scalar(n.inputs[0])})")
+            self.lines.append(f"    if i == 0:\n        tl.store({p}, 0)")
+        elif n.op is Op.reduce:
+            self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
+        elif n.op is Op.ragged_gather:
+            self._gather(n, p)
+        elif n.op is Op.page_table:
+            self._page_table(n, p)
+        elif n.op is Op.repeat:
+            times = int(n.a["times"])
+            self.meta["TP2"] = max(1, 1 << (times - 1).bit_length())
+            self.lines.append(f"    t_{x} = tl.arange(0, TP2)")
+            self.lines.append(f"    tl.store({p} + i * {times} + t_{x}, {self.scalar(n.inputs[0])} + t_{x} * 0, "
+                              f"mask=t_{x} < {times})")
+        else:
+            self.lines.append(f"    tl.store({p} + i, {self.scalar(x)})")
+
+    def _table(self, x: str) -> tuple[str, str, str]:
+        p = self.arg(x)
+        if x not in self.tables:
+            self.tables.append(x)
+        return p, f"stride_{x}", f"width_{x}"
+
+    def _gather(self, n, p: str) -> None:
+        table, rows, lens, indptr = n.inputs
+        tp, stride, width = self._table(table)
+        x = n.name
+        start = self.scalar(indptr) if indptr in self.group else self.emit(f"st_{x}", f"tl.load({self.arg(indptr)} + i)")
+        self.meta["GBLOCK"] = GATHER_BLOCK
+        self.lines += [
+            f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
+            f"    n_{x} = tl.minimum({self.scalar(lens)}, {width})",  # device guard: never past the row
+            f"    for j in range(0, n_{x}, GBLOCK):",
+            "        o = j + tl.arange(0, GBLOCK)",
+            f"        mk = o < n_{x}",
+            f"        tl.store({p} + {start}.to(tl.int64) + o, tl.load({tp} + row_{x} * {stride} + o, mask=mk), mask=mk)",
+        ]
+
+    def _page_table(self, n, p: str) -> None:
+        table, rows, lens = n.inputs
+        tp, stride, width = self._table(table)
+        P, W, x = int(n.a["page_size"]), int(n.a["width"]), n.name
+        self.meta["PBLOCK"] = PAGE_BLOCK
+        self.lines += [
+            f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
+            f"    np_{x} = tl.minimum(tl.minimum(({self.scalar(lens)} + {P - 1}) // {P}, {W}), "
+            f"({width} + {P - 1}) // {P})",
+            f"    for c in range(0, {W}, PBLOCK):",
+            "        cols = c + tl.arange(0, PBLOCK)",
+            f"        ok = cols < np_{x}",
+            f"        pg = tl.load({tp} + row_{x} * {stride} + cols * {P}, mask=ok, other=0) // {P}",
+            f"        tl.store({p} + i * {W} + cols, tl.where(ok, pg, 0), mask=cols < {W})",
+        ]
+
+
+def generate(g: Graph, group: list[str], bs: int, outs: list[str]) -> FusedKernel:
+    e = _Emitter(g, set(group), bs, set(outs))
+    for x in outs:
+        e.store(x)
+    body = "\n".join(e.lines)
+    sig = [f"p_{a}" for a in e.args] + [f"stride_{t}, width_{t}" for t in e.tables] + [f"o_{x}" for x in outs]
+    meta = sorted(e.meta.items())
+    consts = ", ".join(["BLOCK: tl.constexpr", *(f"{k}: tl.constexpr" for k, _ in meta)])
+    head = (f"    i = tl.program_id(0)\n    offs = tl.arange(0, BLOCK)\n    m = offs < n_rows\n")
+    text = f"def KERNEL({', '.join(sig)}, n_rows, {consts}):\n{head}{body}\n"
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    fn = f"fused_{digest}"
+    src = ("# generated by attnmeta fuse: one program per request row\n"
+           "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + text.replace("KERNEL", fn, 1))
+    return FusedKernel(src, fn, tuple(e.args), tuple(e.tables), tuple(outs), tuple(meta))
+
+
+_LOADED: dict[str, object] = {}
+
+
+def load(k: FusedKernel):
+    """Import the kernel from a file (Triton reads a jitted function's source from disk)."""
+    if k.fn_name in _LOADED:
+        return _LOADED[k.fn_name]
+    from . import triton_kernels  # noqa: F401  (sets TRITON_INTERPRET on CPU-only hosts first)
+
+    d = os.environ.get("ATTNMETA_KERNEL_DIR") or os.path.join(tempfile.gettempdir(), "attnmeta-kernels")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{k.fn_name}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(k.source)
+        os.replace(tmp, path)  # atomic: concurrent compiles never import half a file
+    spec = importlib.util.spec_from_file_location(k.fn_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _LOADED[k.fn_name] = getattr(mod, k.fn_name)
+    return _LOADED[k.fn_name]
