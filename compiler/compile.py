@@ -54,11 +54,12 @@ class CompiledBackend:
             bs = max(self.options.sizes)
             p = self.plan(mode, bs)
             g = p.graph
-            staged = sum(i.type.numel(g.env) * i.type.dtype.torch.itemsize for i in g.inputs if i.role.value == "batch")
+            slots = {(i.offset if i.offset is not None else i.name): i for i in g.inputs if i.role.value == "batch"}
+            staged = sum(i.type.numel(g.env) * i.type.dtype.torch.itemsize for i in slots.values())
             rows.append({
                 "mode": mode.name.lower(), "bs": bs,
                 "out_graph": len(g.region_nodes(Region.out_graph)), "in_graph": len(g.region_nodes(Region.in_graph)),
-                "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.type.placement.on_host),
+                "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.name not in p.consts),
                 "kernels": len(p.kernels) + sum(1 for n in g.region_nodes(Region.in_graph)
                                                  if n.name not in p.consts and not n.kernel),
                 "bytes_per_step": staged, "captured_sizes": len(self.options.sizes),

@@ -177,7 +177,7 @@ def generate(g: Graph, group: list[str], bs: int, outs: list[str]) -> FusedKerne
     sig = [f"p_{a}" for a in e.args] + [f"stride_{t}, width_{t}" for t in e.tables] + [f"o_{x}" for x in outs]
     meta = sorted(e.meta.items())
     consts = ", ".join(["BLOCK: tl.constexpr", *(f"{k}: tl.constexpr" for k, _ in meta)])
-    head = (f"    i = tl.program_id(0)\n    offs = tl.arange(0, BLOCK)\n    m = offs < n_rows\n")
+    head = ("    i = tl.program_id(0)\n    offs = tl.arange(0, BLOCK)\n    m = offs < n_rows\n")
     text = f"def KERNEL({', '.join(sig)}, n_rows, {consts}):\n{head}{body}\n"
     digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     fn = f"fused_{digest}"
