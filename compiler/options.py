@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import attrs
 
@@ -38,7 +39,8 @@ class CompileOptions:
     topk: int = 1
     num_steps: int = 3
     dump_dir: str | None = None
-    verify_each: bool = True
+    # verify after every pass: on in tests (tests/conftest.py sets ATTNMETA_VERIFY=1), off when serving
+    verify_each: bool = attrs.field(factory=lambda: os.environ.get("ATTNMETA_VERIFY", "0") == "1")
     disabled_passes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:

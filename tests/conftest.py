@@ -1,5 +1,7 @@
 import os
 
+os.environ["ATTNMETA_VERIFY"] = "1"  # verify after every pass, in every test
+
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])

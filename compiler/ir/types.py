@@ -8,6 +8,7 @@ an int being the constant case, or ``Dynamic``: a data-dependent extent such as
 from __future__ import annotations
 
 import enum
+import functools
 
 import attrs
 import sympy
@@ -85,8 +86,18 @@ def dim(x: int | str | sympy.Expr | Dynamic) -> Dim:
     if isinstance(x, int):
         return sympy.Integer(x)
     if isinstance(x, str):
-        return sympy.sympify(x, locals=SYMBOLS)
-    return sympy.simplify(x) if not x.is_Atom else x
+        return _parse_dim(x)
+    return x if x.is_Atom else _simplify(x)
+
+
+@functools.lru_cache(maxsize=4096)
+def _simplify(x: sympy.Expr) -> sympy.Expr:
+    return sympy.simplify(x)  # slow, and the same few expressions recur in every graph
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_dim(s: str) -> sympy.Expr:
+    return sympy.sympify(s, locals=SYMBOLS)
 
 
 def dim_str(d: Dim) -> str:

@@ -108,33 +108,54 @@ class _Builder:
 
     def module(self, results: list[fx.Node]) -> fx.GraphModule:
         self.g.output(tuple(results))
-        return fx.GraphModule(torch.nn.Module(), self.g)
+        # Plans of different batch sizes mostly lower to the same program (shapes live in the bound
+        # buffers, not the code): share one module per distinct program, so compiling 256 sizes
+        # generates a handful of modules, not 512.
+        key = tuple((n.op, n.target, n.name, fx.node.map_arg((n.args, n.kwargs), lambda a: a.name))
+                    for n in self.g.nodes)
+        gm = _MODULES.get(key)
+        if gm is None:
+            gm = _MODULES[key] = fx.GraphModule(torch.nn.Module(), self.g)
+        return gm
+
+
+_MODULES: dict[tuple, fx.GraphModule] = {}
+_LAUNCHERS: dict[tuple, object] = {}
 
 
 def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]):
     """The fx target for one fused kernel: allocates unbound outputs, launches, returns the outputs."""
     from .fusion import generate, load
-    from .launch import launch
 
     bs = g.env["bs"]
     fk = generate(g, group, bs, outs)
-    fn = load(fk)
-    meta = {**dict(fk.meta), "BLOCK": max(1, 1 << (bs - 1).bit_length())}
     types, n_args = g.types(), len(fk.args)
-    tables = [fk.args.index(t) for t in fk.tables]
-    alloc = [None if x in bound else types[x] for x in outs]
+    tables = tuple(fk.args.index(t) for t in fk.tables)
+    alloc = tuple(None if x in bound else (tuple(int(d) for d in types[x].shape), types[x].dtype.torch)
+                  for x in outs)
+    # the batch size is read off a per-row argument at launch, so sizes share one launcher
+    row = next(k for k, a in enumerate(fk.args) if types[a].shape == (bs,))
+    key = (fk.source, alloc, tables, row)
+    if key not in _LAUNCHERS:
+        _LAUNCHERS[key] = _make_launcher(load(fk), dict(fk.meta), n_args, tables, alloc, row, fk.fn_name)
+    return fk, _LAUNCHERS[key]
+
+
+def _make_launcher(fn, meta, n_args, tables, alloc, row, name):
+    from .launch import launch
 
     def run(*xs):
         ins, given = xs[:n_args], iter(xs[n_args:])
-        dev = next(t for t in (*ins, *xs[n_args:]) if isinstance(t, torch.Tensor)).device
-        res = [next(given) if t is None else torch.empty([int(d) for d in t.shape], dtype=t.dtype.torch, device=dev)
-               for t in alloc]
+        bs = ins[row].shape[0]
+        dev = ins[row].device
+        res = [next(given) if a is None else torch.empty(a[0], dtype=a[1], device=dev) for a in alloc]
         strides = [v for k in tables for v in (ins[k].stride(0), ins[k].shape[1])]
-        launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, **meta))
+        block = 1 << (bs - 1).bit_length()
+        launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta))
         return tuple(res)
 
-    run.__name__ = fk.fn_name
-    return fk, run
+    run.__name__ = name
+    return run
 
 
 def lower(g: Graph) -> LoweredPlan:
