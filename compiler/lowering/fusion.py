@@ -95,9 +95,9 @@ class _Emitter:
         if n.op is Op.copy:
             return val(ins[0])
         if n.op is Op.lookup:
-            p = self.arg(ins[0])
-            idx = val(ins[1])
-            return self.emit(f"{f}_{x}", f"tl.load({p} + {idx})" if f == "s" else f"tl.load({p} + {idx}, mask=m, other=0)")
+            p, idx = self.arg(ins[0]), val(ins[1])
+            mask = "" if f == "s" else ", mask=m, other=0"
+            return self.emit(f"{f}_{x}", f"tl.load({p} + {idx}{mask})")
         if n.op is Op.reduce:
             r = f"tl.{a['fn']}(tl.where(m, {self.vector(ins[0])}, {_IDENT[a['fn']]}), axis=0)"
             return self.emit(f"r_{x}", r)
@@ -141,7 +141,10 @@ class _Emitter:
         table, rows, lens, indptr = n.inputs
         tp, stride, width = self._table(table)
         x = n.name
-        start = self.scalar(indptr) if indptr in self.group else self.emit(f"st_{x}", f"tl.load({self.arg(indptr)} + i)")
+        if indptr in self.group:
+            start = self.scalar(indptr)
+        else:
+            start = self.emit(f"st_{x}", f"tl.load({self.arg(indptr)} + i)")
         self.meta["GBLOCK"] = GATHER_BLOCK
         self.lines += [
             f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
@@ -149,7 +152,8 @@ class _Emitter:
             f"    for j in range(0, n_{x}, GBLOCK):",
             "        o = j + tl.arange(0, GBLOCK)",
             f"        mk = o < n_{x}",
-            f"        tl.store({p} + {start}.to(tl.int64) + o, tl.load({tp} + row_{x} * {stride} + o, mask=mk), mask=mk)",
+            f"        v = tl.load({tp} + row_{x} * {stride} + o, mask=mk)",
+            f"        tl.store({p} + {start}.to(tl.int64) + o, v, mask=mk)",
         ]
 
     def _page_table(self, n, p: str) -> None:
