@@ -68,7 +68,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.consts: dict[tuple, torch.Tensor] = {}
         self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
         self._current: _Bound | None = None
-        self._event: list = [None]
+        self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
         self._allocate()
 
     # --- static buffers ---
@@ -212,6 +212,11 @@ class CompiledAttentionBackend(AttentionBackend):
             raise StaleBufferError(f"buffers {names} of {b.plan.graph.name} were rebound after capture; the graph "
                                    "still reads the old ones. Write new values in place (copy_) instead.")
         b.checked = True
+
+    def set_stream(self, stream) -> None:
+        """Staging records its hazard event on the stream that was current at the first step; an engine
+        that moves metadata preparation to another stream says so here."""
+        self._event[:] = [torch.cuda.Event(), stream]
 
     def init_forward_metadata_in_graph(self, fb) -> None:
         b = self._current

@@ -11,10 +11,15 @@ copy into their slot after the packed copy (same stream, so ordered).
 Hazard: the pinned staging buffer is read by an asynchronous copy. Writing
 it again before that copy has run corrupts the previous step's inputs (seen
 in engines that plan back to back), so each step waits on the event recorded
-after the previous copy before touching the buffer.
+after the previous copy before touching the buffer. The event is recorded on
+the stream current at the first step (looking the stream up every step costs
+more than the copy); an engine that stages on another stream calls
+``CompiledAttentionBackend.set_stream``.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import attrs
 import numpy as np
@@ -34,16 +39,27 @@ class Slot:
     fill: int
     limit: int | None = None  # largest legal value (sequence lengths: max_context_len)
     np: np.ndarray = attrs.field(init=False)
+    ptr: int = attrs.field(init=False)
+    itemsize: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.np = self.host.numpy()
+        self.ptr, self.itemsize = self.host.data_ptr(), self.host.element_size()
+
+    def write(self, src: torch.Tensor, raw: int) -> None:
+        """Live rows into the staging buffer. A same-dtype contiguous source is one memmove
+        (``Tensor.numpy()`` alone costs more than moving a few hundred bytes)."""
+        if src.dtype == self.host.dtype and src.is_contiguous():
+            ctypes.memmove(self.ptr, src.data_ptr(), raw * self.itemsize)
+        else:
+            self.np[:raw] = src.numpy()[:raw]
 
 
 @attrs.define
 class Stager:
     slots: list[Slot]
     copies: list[tuple[torch.Tensor, torch.Tensor]]  # (device, host) pairs: one when packed
-    event: list  # shared one-element holder: the previous copy's event (one staging buffer per backend)
+    event: list  # shared [event, stream] holder: the previous copy's event (one staging buffer per backend)
 
     def stage(self, fb, bs: int, raw: int) -> None:
         ev = self.event[0]
@@ -66,7 +82,7 @@ class Stager:
                     raise BatchError(f"{s.source} must be a host tensor: the spec reads it on the host")
                 late.append((s, src))  # device-only field: D2D after the packed copy, never a D2H sync
             elif raw:
-                s.np[:raw] = src.numpy()[:raw]
+                s.write(src, raw)
                 if s.limit is not None and s.np[:raw].max() > s.limit:
                     raise BatchError(f"a sequence of {int(s.np[:raw].max())} tokens exceeds max_context_len="
                                      f"{s.limit}; recompile with a larger --max-context-len")
@@ -75,7 +91,8 @@ class Stager:
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
         if self.copies and self.copies[0][0].device.type == "cuda":
-            ev = self.event[0] = self.event[0] or torch.cuda.Event()
-            ev.record()
+            if ev is None:  # Event.record() with no stream looks the stream up: 5x the cost of recording
+                self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
+            self.event[0].record(self.event[1])
         for s, src in late:
             s.dev[:raw].copy_(src[:raw], non_blocking=True)
