@@ -2,7 +2,6 @@
 import statistics
 import time
 
-import numpy as np
 import torch
 
 
@@ -37,5 +36,5 @@ print("numpy write 8", t(lambda: npv.__setitem__(slice(0, 8), src.numpy()[:8])))
 print("src.numpy()", t(lambda: src.numpy()))
 print("torch copy 8", t(lambda: view[:8].copy_(src)))
 print("numpy fill", t(lambda: npv.__setitem__(slice(8, None), 1)))
-print("getattr+shape", t(lambda: (getattr(s, "cuda_stream"), src.shape[0])))
+print("getattr+shape", t(lambda: (s.cuda_stream, src.shape[0])))
 print("cudart memcpyasync", t(lambda: torch.cuda.cudart().cudaMemcpyAsync(dv.data_ptr(), hv.data_ptr(), 1088, 1, s.cuda_stream) if hasattr(torch.cuda.cudart(), "cudaMemcpyAsync") else None))
