@@ -17,8 +17,13 @@ USER_ERRORS = (SplitError, VerifyError, SpecError, OptionsError, KeyError, Value
 def cmd_compile(a) -> int:
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
                           modes=a.modes, capture_sizes=a.capture_sizes or (),
-                          dump_dir=a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR"))
-    cb = compile_backend(a.backend, opts)
+                          dump_dir=a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR"),
+                          disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
+    from attnmeta.compiler.instruments import PrintAfterAll
+
+    inst = [PrintAfterAll(sys.stderr, only_changes=a.print_after_change)] if a.print_after_all or \
+        a.print_after_change else []
+    cb = compile_backend(a.backend, opts, instruments=inst)
     print(f"compiled {a.backend}: {len(cb.plans)} plans ({len(opts.sizes)} capture sizes x "
           f"{len(cb.generic)} graph modes) in {cb.seconds:.3f} s")
     cols = ["mode", "bs", "out_graph", "in_graph", "kernels", "host_ops", "bytes_per_step"]
@@ -97,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-context-len", type=int, default=4096)
     c.add_argument("--dump-dir", help="write NN-<pass>.ir/.dot and lowered code per (mode, bs); "
                                       "also ATTNMETA_DUMP_DIR")
+    c.add_argument("--print-after-all", action="store_true", help="print the IR after every pass (stderr)")
+    c.add_argument("--print-after-change", action="store_true", help="print the IR after passes that changed it")
+    c.add_argument("--disable-pass", nargs="+", metavar="PASS", help="skip passes by name, to bisect")
+    c.add_argument("--verify-each", action="store_true", help="run the verifier after every pass")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("inspect", help="list pass dumps and what each pass changed")
     i.add_argument("dir")

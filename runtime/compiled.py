@@ -95,10 +95,22 @@ class CompiledAttentionBackend(AttentionBackend):
                     buf = (self.staging_host if i.type.placement.on_host else self.staging_dev)[span].view(t)
                     self.inputs[(mode, "host:" + i.name)] = self.staging_host[span].view(t)
                 self.inputs[(mode, i.name)] = buf
+        arena = max((o.offset + self._nbytes(g, o) for g in self.compiled.generic.values() for o in g.outputs
+                     if o.offset is not None), default=0)
+        self.arena = self._alloc(torch.uint8, arena, on_host=False)  # plan-buffers: all static outputs
+        for g in self.compiled.generic.values():
             for o in g.outputs:
                 t = g.types()[o.value]
-                if o.field not in self.outbufs and not t.placement.on_host:
+                if o.field in self.outbufs or t.placement.on_host:
+                    continue
+                if o.offset is None:  # plan-buffers disabled: a buffer of its own
                     self.outbufs[o.field] = self._alloc(t.dtype.torch, t.numel(self.env), on_host=False)
+                else:
+                    self.outbufs[o.field] = self.arena[o.offset : o.offset + self._nbytes(g, o)].view(t.dtype.torch)
+
+    def _nbytes(self, g, o) -> int:
+        t = g.types()[o.value]
+        return t.numel(self.env) * t.dtype.torch.itemsize
 
     def _check_pool(self, i) -> None:
         t = self.pools.get(i.name)

@@ -63,6 +63,7 @@ class Output:
     field: str  # metadata field name the kernels read
     value: str
     ragged_by: str | None = None  # indptr output whose last entry bounds the valid prefix
+    offset: int | None = None  # byte offset in the device arena of static outputs (set by plan-buffers)
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ _INPUT = re.compile(rf"^input %(\w+): {_TYPE} (\w+)(?: fill=(-?\d+))?(?: mirror=
                     rf"(?: @({_STR}))?$")
 _NODE = re.compile(rf"^%(\w+) = (\w+)\((.*?)\)(?: \{{(.*)\}})? : {_TYPE} (\w+)( movable)?(?: kernel=(\w+))?"
                    rf"(?: @({_STR}))?$")
-_OUTPUT = re.compile(r"^output (\w+) = %(\w+)(?: ragged_by (\w+))?$")
+_OUTPUT = re.compile(r"^output (\w+) = %(\w+)(?: ragged_by (\w+))?(?: offset=(\d+))?$")
 _ATTR = re.compile(rf"\s*(\w+)=({_STR}|\[[^\]]*\]|[^,\s]+)\s*(?:,|$)")
 
 
@@ -106,7 +106,8 @@ def parse(text: str) -> Graph:
                 nodes.append(Node(n, opv, ins, _attrs(opv, at), _type(dt, dims, pl), Region(region),
                                   bool(movable), json.loads(origin) if origin else "", kernel or ""))
             elif mo := _OUTPUT.match(s):
-                outputs.append(Output(mo.group(1), mo.group(2), mo.group(3)))
+                off = mo.group(4)
+                outputs.append(Output(mo.group(1), mo.group(2), mo.group(3), None if off is None else int(off)))
             else:
                 raise ValueError("not an input, node or output line")
         except (ValueError, KeyError, sympy.SympifyError) as e:

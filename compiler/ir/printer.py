@@ -63,6 +63,8 @@ def fmt_output(o: Output) -> str:
     s = f"  output {o.field} = %{o.value}"
     if o.ragged_by:
         s += f" ragged_by {o.ragged_by}"
+    if o.offset is not None:
+        s += f" offset={o.offset}"
     return s
 
 

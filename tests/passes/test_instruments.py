@@ -1,0 +1,59 @@
+"""Instruments around the pipeline: repro bundles, disabling a pass, printing, timing."""
+
+import io
+import os
+import runpy
+
+import pytest
+
+from attnmeta.compiler import CompileOptions, ForwardMode, PassError, SplitError, compile_backend
+from attnmeta.compiler.instruments import PrintAfterAll
+from attnmeta.compiler.passes.registry import PASSES, register_pass
+from attnmeta.compiler.pipeline import PER_BS_PASSES
+
+
+def test_crashing_pass_writes_a_repro_bundle_that_reruns(tmp_path, monkeypatch):
+    @register_pass("explode-test")
+    def explode(g, ctx):
+        """Crashes on purpose."""
+        raise ZeroDivisionError("boom")
+
+    try:
+        monkeypatch.setattr("attnmeta.compiler.compile.PER_BS_PASSES", (*PER_BS_PASSES[:1], "explode-test"))
+        with pytest.raises(PassError) as e:
+            compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path)))
+        err = e.value
+        assert err.pass_name == "explode-test" and err.ran == ["specialize-batch"]
+        assert "ZeroDivisionError: boom" in str(err) and err.repro in str(err)
+        assert sorted(os.listdir(err.repro)) == ["input.ir", "options.json", "repro.py"]
+        with pytest.raises(PassError, match="ZeroDivisionError: boom"):  # the bundle reproduces it
+            runpy.run_path(os.path.join(err.repro, "repro.py"))
+    finally:
+        PASSES.pop("explode-test")
+
+
+def test_disabling_hoist_makes_check_split_name_the_upgrade():
+    from attnmeta.compiler import BackendSpec
+    from tests.passes.test_semantics import rich_spec
+
+    spec = BackendSpec("rich", rich_spec, (ForwardMode.DECODE,))
+    compile_backend(spec, CompileOptions(max_bs=8, capture_sizes=(4,), max_context_len=24))
+    with pytest.raises(SplitError) as e:
+        compile_backend(spec, CompileOptions(max_bs=8, capture_sizes=(4,), max_context_len=24,
+                                             disabled_passes=("hoist-upgrades",)))
+    named = {v.node for v in e.value.violations if v.rule == "unstable-buffer"}
+    assert len(named) == 3  # the three movable upgrade steps, each named
+
+
+def test_print_after_change_prints_only_changes():
+    out = io.StringIO()
+    compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2,)),
+                    instruments=[PrintAfterAll(out, only_changes=True)])
+    text = out.getvalue()
+    assert "// after specialize-batch" in text and "// after pack-inputs" in text
+    assert "// after check-split" not in text and "// after verify" not in text
+
+
+def test_timing_covers_every_pass_that_ran():
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(1, 2)))
+    assert {"verify", "specialize-batch", "check-split", "fuse"} <= set(cb.timing.seconds)
