@@ -133,6 +133,9 @@ def main(argv=None) -> int:
     a = parser().parse_args(argv)
     try:
         return a.fn(a)
+    except BrokenPipeError:  # `attnmeta compile ... | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0
     except PassError as e:
         print(f"attnmeta: internal compiler error: {e}", file=sys.stderr)
         return 3

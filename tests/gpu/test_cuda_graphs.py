@@ -68,3 +68,20 @@ def test_no_device_allocation_on_replay_path(setup):
             runner.run(fb, q)
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+
+
+def test_back_to_back_steps_never_clobber_the_pinned_staging_buffer(setup):
+    """Bug class 10: many steps with no host sync between them; every step's metadata is
+    snapshotted on the device in stream order and checked at the end."""
+    dev, pool, be, runner, k, v = setup
+    batches = [make_batch(8, L, ROWS, seed=500 + s, device=dev) for s in range(40)]
+    qs = [torch.zeros(8, 4, 64, device=dev) for _ in batches]
+    snaps = []
+    for fb, q in zip(batches, qs, strict=True):
+        runner.run(fb, q)
+        snaps.append(be.forward_metadata.kv_indptr[:9].clone())  # enqueued after the replay
+    torch.cuda.synchronize()
+    for fb, snap in zip(batches, snaps, strict=True):
+        want = torch.zeros(9, dtype=torch.int32)
+        want[1:] = torch.cumsum(fb.seq_lens_cpu, 0)
+        assert torch.equal(snap.cpu(), want)
