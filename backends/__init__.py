@@ -3,8 +3,9 @@
 from attnmeta.compiler import BackendSpec
 
 from . import flashinfer
+from .tbo import tbo
 
-_SPECS: dict[str, BackendSpec] = {s.name: s for s in (flashinfer.SPEC,)}
+_SPECS: dict[str, BackendSpec] = {s.name: s for s in (flashinfer.SPEC, tbo(flashinfer.SPEC))}
 
 
 def list_backends() -> list[str]:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import attrs
 
 from .instruments import DumpDir, Instrument, Timing, VerifyEach
-from .ir import Graph, Region, print_graph
+from .ir import Graph, Op, Region, print_graph
 from .lowering.fx import LoweredPlan, lower
 from .modes import ForwardMode
 from .options import CompileOptions, OptionsError
@@ -60,8 +60,8 @@ class CompiledBackend:
                 "mode": mode.name.lower(), "bs": bs,
                 "out_graph": len(g.region_nodes(Region.out_graph)), "in_graph": len(g.region_nodes(Region.in_graph)),
                 "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.name not in p.consts),
-                "kernels": len(p.kernels) + sum(1 for n in g.region_nodes(Region.in_graph)
-                                                 if n.name not in p.consts and not n.kernel),
+                "kernels": len(p.kernels) + sum(1 for n in g.region_nodes(Region.in_graph)  # slices are views
+                                                 if n.name not in p.consts and not n.kernel and n.op is not Op.slice),
                 "bytes_per_step": staged, "captured_sizes": len(self.options.sizes),
             })
         return rows

@@ -23,7 +23,7 @@ import attrs
 
 from .graph import Graph, Input, Node, Output, Role
 from .ops import AttrValue, Op, ShapeError, coerce_attrs, infer
-from .types import DType, Placement, Region, TensorType
+from .types import DType, Placement, Region, TensorType, dim
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -166,6 +166,32 @@ class SpecBuilder:
 
     def host_call(self, target: str, *ins: V, name=None) -> V:
         return self.op(Op.host_call, *ins, target=target, name=name)
+
+    def inline(self, g: Graph, inputs: dict[str, V], bs=None, prefix: str = "") -> dict[str, V]:
+        """Re-declare ``g``'s nodes here on ``inputs`` (its input name -> a value of this builder),
+        each in its own region; ``bs`` replaces the batch-size symbol in attributes (a child's
+        size). Returns ``g``'s outputs as field -> value."""
+        from .ops import norm_attr
+        from .types import SYMBOLS
+
+        sub = {} if bs is None else {SYMBOLS["bs"]: dim(bs)}
+        env = {i.name: inputs[i.name] for i in g.inputs}
+        for n in g.nodes:
+            a = {k: norm_attr(v.xreplace(sub) if hasattr(v, "xreplace") else
+                              tuple(d.xreplace(sub) for d in v) if isinstance(v, tuple) else v)
+                 for k, v in n.attrs}
+            with self._in(n.region, n.movable):
+                env[n.name] = self._op_at(n.op, [env[x] for x in n.inputs], a, prefix + n.name, n.origin)
+        return {o.field: env[o.value] for o in g.outputs}
+
+    def _op_at(self, op: Op, ins: list[V], a: dict, name: str, origin: str) -> V:
+        try:
+            t = infer(op, [v.type for v in ins], a)
+        except ShapeError as e:
+            raise SpecError(f"{origin}: {e}") from None
+        node = Node(self._fresh(name), op, tuple(v.name for v in ins), a, t, self._region, self._movable, origin)
+        self._nodes.append(node)
+        return V(node.name, t)
 
     def outputs(self, ragged: dict[str, str] | None = None, **fields: V) -> None:
         """Bind metadata fields; ``ragged`` maps a field to the indptr field bounding it."""

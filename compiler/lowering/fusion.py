@@ -46,11 +46,16 @@ class _Emitter:
         self.tables: list[str] = []
         self.memo: dict[tuple[str, str], str] = {}
         self.meta: dict[str, int] = {}
+        self.alias: dict[str, str] = {}
+
+    def nm(self, x: str) -> str:
+        """Positional name for value ``x`` in the source: equal programs get equal text."""
+        return self.alias.setdefault(x, str(len(self.alias)))
 
     def arg(self, x: str) -> str:
         if x not in self.args:
             self.args.append(x)
-        return f"p_{x}"
+        return f"p_{self.nm(x)}"
 
     def emit(self, name: str, expr: str) -> str:
         self.lines.append(f"    {name} = {expr}")
@@ -74,44 +79,47 @@ class _Emitter:
         if x not in self.group:  # an argument: a per-row tensor or a device scalar
             p = self.arg(x)
             if t.shape == ():
-                return self.emit(f"{f}_{x}", f"tl.load({p})")
-            return self.emit(f"{f}_{x}", f"tl.load({p} + i)" if f == "s" else f"tl.load({p} + offs, mask=m, other=0)")
+                return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p})")
+            at = "i" if f == "s" else "offs, mask=m, other=0"
+            return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
         n = self.nodes[x]
         a, ins = n.a, n.inputs
         val = self.scalar if f == "s" else self.vector
         if n.op is Op.ewise:
-            return self.emit(f"{f}_{x}", _BIN[a["fn"]].format(a=val(ins[0]), b=val(ins[1])))
+            return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=val(ins[0]), b=val(ins[1])))
         if n.op is Op.ewise_const:
             v, c = val(ins[0]), a["value"]
             if a["fn"] == "floordiv":  # exact floor for c > 0 whatever the back end's rounding
-                return self.emit(f"{f}_{x}", f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))")
-            return self.emit(f"{f}_{x}", _BIN[a["fn"]].format(a=v, b=c))
+                floor = f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))"
+                return self.emit(f"{f}_{self.nm(x)}", floor)
+            return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=v, b=c))
         if n.op is Op.cast:
-            return self.emit(f"{f}_{x}", f"{val(ins[0])}.to({_TL[a['dtype'].value]})")
+            return self.emit(f"{f}_{self.nm(x)}", f"{val(ins[0])}.to({_TL[a['dtype'].value]})")
         if n.op is Op.compare:
-            return self.emit(f"{f}_{x}", f"({val(ins[0])} {_CMP[a['fn']]} {val(ins[1])})")
+            return self.emit(f"{f}_{self.nm(x)}", f"({val(ins[0])} {_CMP[a['fn']]} {val(ins[1])})")
         if n.op is Op.where:
-            return self.emit(f"{f}_{x}", f"tl.where({val(ins[0])}, {val(ins[1])}, {val(ins[2])})")
+            return self.emit(f"{f}_{self.nm(x)}", f"tl.where({val(ins[0])}, {val(ins[1])}, {val(ins[2])})")
         if n.op is Op.copy:
             return val(ins[0])
         if n.op is Op.lookup:
             p, idx = self.arg(ins[0]), val(ins[1])
             mask = "" if f == "s" else ", mask=m, other=0"
-            return self.emit(f"{f}_{x}", f"tl.load({p} + {idx}{mask})")
+            return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {idx}{mask})")
         if n.op is Op.reduce:
             r = f"tl.{a['fn']}(tl.where(m, {self.vector(ins[0])}, {_IDENT[a['fn']]}), axis=0)"
-            return self.emit(f"r_{x}", r)
+            return self.emit(f"r_{self.nm(x)}", r)
         if n.op is Op.cumsum and f == "s":
-            excl = self.emit(f"e_{x}", f"tl.sum(tl.where(offs < i, {self.vector(ins[0])}, 0), axis=0)")
-            inc = self.emit(f"s_{x}", f"{excl} + {self.scalar(ins[0])}")
+            before = f"tl.sum(tl.where(offs < i, {self.vector(ins[0])}, 0), axis=0)"
+            excl = self.emit(f"e_{self.nm(x)}", before)
+            inc = self.emit(f"s_{self.nm(x)}", f"{excl} + {self.scalar(ins[0])}")
             return excl if a["leading_zero"] else inc
         if n.op is Op.cumsum:
-            return self.emit(f"v_{x}", f"tl.cumsum({self.vector(ins[0])}, axis=0)")
+            return self.emit(f"v_{self.nm(x)}", f"tl.cumsum({self.vector(ins[0])}, axis=0)")
         raise NotImplementedError(f"no {f} form for {n.op.value}")
 
     # --- stores ---
     def store(self, x: str) -> None:
-        n, p = self.nodes[x], f"o_{x}"
+        n, p = self.nodes[x], f"o_{self.nm(x)}"
         if n.op is Op.cumsum and n.a["leading_zero"]:
             excl = self.scalar(x)
             self.lines.append(f"    tl.store({p} + i + 1, {excl} + {self.scalar(n.inputs[0])})")
@@ -125,9 +133,10 @@ class _Emitter:
         elif n.op is Op.repeat:
             times = int(n.a["times"])
             self.meta["TP2"] = max(1, 1 << (times - 1).bit_length())
-            self.lines.append(f"    t_{x} = tl.arange(0, TP2)")
-            self.lines.append(f"    tl.store({p} + i * {times} + t_{x}, {self.scalar(n.inputs[0])} + t_{x} * 0, "
-                              f"mask=t_{x} < {times})")
+            self.lines.append(f"    t_{self.nm(x)} = tl.arange(0, TP2)")
+            t = f"t_{self.nm(x)}"
+            self.lines.append(f"    tl.store({p} + i * {times} + {t}, {self.scalar(n.inputs[0])} + {t} * 0, "
+                              f"mask={t} < {times})")
         else:
             self.lines.append(f"    tl.store({p} + i, {self.scalar(x)})")
 
@@ -135,7 +144,7 @@ class _Emitter:
         p = self.arg(x)
         if x not in self.tables:
             self.tables.append(x)
-        return p, f"stride_{x}", f"width_{x}"
+        return p, f"stride_{self.nm(x)}", f"width_{self.nm(x)}"
 
     def _gather(self, n, p: str) -> None:
         table, rows, lens, indptr = n.inputs
@@ -144,15 +153,15 @@ class _Emitter:
         if indptr in self.group:
             start = self.scalar(indptr)
         else:
-            start = self.emit(f"st_{x}", f"tl.load({self.arg(indptr)} + i)")
+            start = self.emit(f"st_{self.nm(x)}", f"tl.load({self.arg(indptr)} + i)")
         self.meta["GBLOCK"] = GATHER_BLOCK
         self.lines += [
-            f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
-            f"    n_{x} = tl.minimum({self.scalar(lens)}, {width})",  # device guard: never past the row
-            f"    for j in range(0, n_{x}, GBLOCK):",
+            f"    row_{self.nm(x)} = {self.scalar(rows)}.to(tl.int64)",
+            f"    n_{self.nm(x)} = tl.minimum({self.scalar(lens)}, {width})",  # device guard: never past the row
+            f"    for j in range(0, n_{self.nm(x)}, GBLOCK):",
             "        o = j + tl.arange(0, GBLOCK)",
-            f"        mk = o < n_{x}",
-            f"        v = tl.load({tp} + row_{x} * {stride} + o, mask=mk)",
+            f"        mk = o < n_{self.nm(x)}",
+            f"        v = tl.load({tp} + row_{self.nm(x)} * {stride} + o, mask=mk)",
             f"        tl.store({p} + {start}.to(tl.int64) + o, v, mask=mk)",
         ]
 
@@ -162,13 +171,14 @@ class _Emitter:
         P, W, x = int(n.a["page_size"]), int(n.a["width"]), n.name
         self.meta["PBLOCK"] = PAGE_BLOCK
         self.lines += [
-            f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
-            f"    np_{x} = tl.minimum(tl.minimum(({self.scalar(lens)} + {P - 1}) // {P}, {W}), "
+            f"    row_{self.nm(x)} = {self.scalar(rows)}.to(tl.int64)",
+            f"    np_{self.nm(x)} = tl.minimum(tl.minimum(({self.scalar(lens)} + {P - 1}) // {P}, {W}), "
             f"({width} + {P - 1}) // {P})",
             f"    for c in range(0, {W}, PBLOCK):",
             "        cols = c + tl.arange(0, PBLOCK)",
-            f"        ok = cols < np_{x}",
-            f"        pg = tl.load({tp} + row_{x} * {stride} + cols * {P}, mask=ok, other=0) // {P}",
+            f"        ok = cols < np_{self.nm(x)}",
+            f"        pg = tl.load({tp} + row_{self.nm(x)} * {stride} + cols * {P}, mask=ok, other=0)",
+            f"        pg = pg // {P}",
             f"        tl.store({p} + i * {W} + cols, tl.where(ok, pg, 0), mask=cols < {W})",
         ]
 
@@ -178,7 +188,8 @@ def generate(g: Graph, group: list[str], bs: int, outs: list[str]) -> FusedKerne
     for x in outs:
         e.store(x)
     body = "\n".join(e.lines)
-    sig = [f"p_{a}" for a in e.args] + [f"stride_{t}, width_{t}" for t in e.tables] + [f"o_{x}" for x in outs]
+    sig = ([f"p_{e.nm(a)}" for a in e.args] + [f"stride_{e.nm(t)}, width_{e.nm(t)}" for t in e.tables]
+           + [f"o_{e.nm(x)}" for x in outs])
     meta = sorted(e.meta.items())
     consts = ", ".join(["BLOCK: tl.constexpr", *(f"{k}: tl.constexpr" for k, _ in meta)])
     head = ("    i = tl.program_id(0)\n    offs = tl.arange(0, BLOCK)\n    m = offs < n_rows\n")

@@ -16,6 +16,7 @@ import operator
 import re
 
 import attrs
+import networkx as nx
 import sympy
 import torch
 import torch.fx as fx
@@ -125,11 +126,13 @@ _LAUNCHERS: dict[tuple, object] = {}
 
 def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]):
     """The fx target for one fused kernel: allocates unbound outputs, launches, returns the outputs."""
+    from ..passes.fuse import row_space
     from .fusion import generate, load
 
-    bs = g.env["bs"]
+    types = g.types()
+    bs = row_space(g.node(group[0]), types)  # the kernel's row count: the batch or a TBO child's range
     fk = generate(g, group, bs, outs)
-    types, n_args = g.types(), len(fk.args)
+    n_args = len(fk.args)
     tables = tuple(fk.args.index(t) for t in fk.tables)
     alloc = tuple(None if x in bound else (tuple(int(d) for d in types[x].shape), types[x].dtype.torch)
                   for x in outs)
@@ -181,15 +184,15 @@ def lower(g: Graph) -> LoweredPlan:
     for o in g.outputs:
         if o.value in in_names and o.value not in bound:
             bound[o.value] = o.field
-    group = [n.name for n in in_nodes if n.kernel]
-    after = _after(g, in_nodes, set(group))
+    users = g.users()
+    fields = {o.value for o in g.outputs}
     kernels = []
-    for n in in_nodes:
-        if n.name not in after and not n.kernel:
+    for item in _schedule(in_nodes):  # unfused nodes and whole kernels, in dependency order
+        if isinstance(item, str):
+            n = g.node(item)
             ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
-    if group:
-        users = g.users()
-        fields = {o.value for o in g.outputs}
+            continue
+        group = item
         outs = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
         fk, run = _launcher(g, group, outs, bound)
         kernels.append(fk)
@@ -198,9 +201,6 @@ def lower(g: Graph) -> LoweredPlan:
         call = ib.g.call_function(run, tuple(xs))
         for k, x in enumerate(outs):
             ib.env[x] = ib.g.call_function(operator.getitem, (call, k))
-    for n in in_nodes:
-        if n.name in after:
-            ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
     in_outputs = []
     for o in g.outputs:
         if o.value in out_names or o.value in const_set:
@@ -216,10 +216,25 @@ def lower(g: Graph) -> LoweredPlan:
                        tuple(in_outputs), tuple(kernels))
 
 
-def _after(g: Graph, in_nodes, group: set[str]) -> set[str]:
-    """Unfused in_graph nodes that read the fused kernel's results: they run after it."""
-    after: set[str] = set()
+def _schedule(in_nodes) -> list:
+    """Topological order over unfused node names and fused groups (lists of names)."""
+    kernel = {n.name: n.kernel for n in in_nodes if n.kernel}
+    dag = nx.DiGraph()
     for n in in_nodes:
-        if not n.kernel and any(x in group or x in after for x in n.inputs):
-            after.add(n.name)
-    return after
+        me = kernel.get(n.name) or n.name
+        dag.add_node(me)
+        for x in n.inputs:
+            src = kernel.get(x) or x
+            if src in dag and src != me:
+                dag.add_edge(src, me)
+    members: dict[str, list[str]] = {}
+    for n in in_nodes:
+        if n.kernel:
+            members.setdefault(n.kernel, []).append(n.name)
+    order = list(nx.lexicographical_topological_sort(dag, key=lambda v: _position(v, in_nodes, members)))
+    return [members.get(v, v) for v in order]
+
+
+def _position(v: str, in_nodes, members) -> int:
+    names = members.get(v, [v])
+    return min(i for i, n in enumerate(in_nodes) if n.name in names)

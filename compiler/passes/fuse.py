@@ -8,7 +8,6 @@ from .registry import PassContext, register_pass
 
 ROW_OPS = (Op.ewise, Op.ewise_const, Op.cast, Op.compare, Op.where, Op.copy, Op.lookup)
 SINK_OPS = (Op.ragged_gather, Op.page_table, Op.repeat)
-KERNEL = "k0"
 
 
 def fusible(n, types, group: set[str], bs: int) -> bool:
@@ -43,30 +42,49 @@ def fusible(n, types, group: set[str], bs: int) -> bool:
     return False
 
 
+def row_space(n, types) -> int | None:
+    """The row count a node iterates over: its per-row input's length."""
+    if n.op in (Op.ragged_gather, Op.page_table):
+        shape = types[n.inputs[1]].shape
+    elif n.op is Op.lookup:
+        shape = types[n.inputs[1]].shape
+    else:
+        shape = next((types[x].shape for x in n.inputs if len(types[x].shape) == 1), None)
+    if shape is None or len(shape) != 1 or not shape[0].is_Integer:
+        return None
+    return int(shape[0])
+
+
 @register_pass("fuse")
 def fuse(g: Graph, ctx: PassContext) -> Graph:
     """Requires a specialized, split-checked graph. Groups in_graph nodes into
-    one row-parallel Triton kernel (``kernel=k0``): elementwise chains, prefix
-    sums, reductions over the batch, ragged gathers, page tables and repeats.
-    A node joins only if every input is a per-row value, a scalar, or
-    something computed before the kernel runs; nodes after an unfused step
-    that reads the kernel's results stay out, so there is never a cycle
-    between the kernel and torch ops. Interpreter semantics are unchanged:
-    this pass only annotates."""
-    bs = g.env.get("bs")
-    if not bs:
-        return g  # bs 0 (an IDLE eager batch) has no rows to give programs to
-    types, group, after = g.types(), set(), set()
+    row-parallel Triton kernels, one per row space (the batch, or a TBO
+    child's sub-range): elementwise chains, prefix sums, reductions over the
+    rows, ragged gathers, page tables and repeats. A node joins a kernel only
+    if every input is a per-row value, a scalar, or computed before that
+    kernel runs: nothing outside a kernel that reads it may feed it, so the
+    kernels and the remaining torch ops always order without a cycle.
+    Interpreter semantics are unchanged: this pass only annotates
+    (``kernel=k<N>``)."""
+    types = g.types()
+    groups: dict[int, set[str]] = {}  # row count -> members
+    after: dict[int, set[str]] = {}  # row count -> nodes outside the group that read it
+    kernel_of: dict[str, str] = {}
     for n in g.nodes:
         if n.region is not Region.in_graph or n.op in CONST_OPS:
             continue
-        depends_after = any(x in after for x in n.inputs)
-        if not depends_after and fusible(n, types, group, bs):
-            group.add(n.name)
-            continue
-        if depends_after or any(x in group for x in n.inputs):
-            after.add(n.name)
-    if not group:
+        rows = row_space(n, types)
+        joined = None
+        if rows and not any(x in after.get(rows, ()) for x in n.inputs):
+            if fusible(n, types, groups.get(rows, set()), rows):
+                groups.setdefault(rows, set()).add(n.name)
+                joined = rows
+        for r, members in groups.items():
+            if r != joined and any(x in members or x in after.get(r, ()) for x in n.inputs):
+                after.setdefault(r, set()).add(n.name)
+    for k, (_, members) in enumerate(sorted(groups.items())):
+        kernel_of.update((m, f"k{k}") for m in members)
+    if not kernel_of:
         return g
-    nodes = tuple(attrs.evolve(n, kernel=KERNEL) if n.name in group else n for n in g.nodes)
+    nodes = tuple(attrs.evolve(n, kernel=kernel_of[n.name]) if n.name in kernel_of else n for n in g.nodes)
     return attrs.evolve(g, nodes=nodes)

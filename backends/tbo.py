@@ -1,0 +1,44 @@
+"""Two-batch overlap: a wrapper around any backend spec.
+
+The parent's metadata plus two children over static sub-ranges of the
+parent's batch: rows [0, floor(bs/2)) and [floor(bs/2), bs) in decode (one
+token per request, so the token split equals the row split; IDLE replays
+DECODE's graph). The split is an expression of ``bs`` that specialize-batch
+folds to an int per captured size, so the children are fixed slices (views)
+of the parent's static buffers and nothing is recomputed at replay. A
+zero-size child (bs = 1) is a set of empty ops. Child fields are prefixed
+``tbo0_`` and ``tbo1_``.
+"""
+
+from __future__ import annotations
+
+from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
+from attnmeta.compiler.ir import Graph, Role, SpecBuilder
+
+SPLIT = "floor(bs/2)"
+
+
+def tbo(inner: BackendSpec) -> BackendSpec:
+    def build(mode: ForwardMode, options: CompileOptions) -> Graph:
+        g = inner.build(mode, options)
+        b = SpecBuilder(f"tbo.{g.name}")
+        ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror)
+               for i in g.inputs}
+        fields = b.inline(g, ins)
+        ragged = {o.field: o.ragged_by for o in g.outputs if o.ragged_by}
+        for c, (lo, hi) in enumerate([("0", SPLIT), (SPLIT, "bs")]):
+            child = {}
+            for i in g.inputs:
+                if i.role is Role.pool:
+                    child[i.name] = ins[i.name]
+                    continue
+                ctx = b.out_graph() if i.type.placement.on_host else b.in_graph()
+                with ctx:
+                    child[i.name] = b.slice(ins[i.name], lo, hi, name=f"tbo{c}_{i.name}")
+            out = b.inline(g, child, bs=f"{hi} - ({lo})", prefix=f"tbo{c}_")
+            fields.update({f"tbo{c}_{f}": v for f, v in out.items()})
+            ragged.update({f"tbo{c}_{f}": f"tbo{c}_{r}" for f, r in ragged.items() if not f.startswith("tbo")})
+        b.outputs(ragged=ragged, **fields)
+        return b.build()
+
+    return BackendSpec(f"tbo_{inner.name}", build, inner.modes, doc=f"two-batch overlap around {inner.name}")
