@@ -21,6 +21,7 @@ class DemoResult:
     device: str
     steps: int = 0
     idle_steps: int = 0
+    padded: int = 0
     replays: int = 0
     eager: int = 0
     mismatches: int = 0
@@ -80,6 +81,7 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
         res.max_abs_diff = max(res.max_abs_diff, float((out.cpu() - want).abs().max()))
     res.loop_s = time.perf_counter() - t1
     res.replays, res.eager = runner.stats["replay"], runner.stats["eager"]
+    res.padded = runner.stats["padded_rows"]
     return res
 
 
@@ -87,7 +89,7 @@ def format_result(r: DemoResult) -> str:
     rows = [
         ("backend", r.backend), ("device", r.device), ("compile (s)", f"{r.compile_s:.2f}"),
         ("captured sizes", " ".join(map(str, r.captured))), ("steps run", r.steps), ("  idle steps", r.idle_steps),
-        ("graph replays", r.replays), ("eager fallbacks", r.eager), ("metadata mismatches", r.mismatches),
+        ("graph replays", r.replays), ("  padded rows", r.padded), ("eager fallbacks", r.eager), ("metadata mismatches", r.mismatches),
         ("max |attn - eager| (fp32)", f"{r.max_abs_diff:.2e}"), ("loop (s)", f"{r.loop_s:.1f}"),
     ]
     w = max(len(k) for k, _ in rows)

@@ -6,7 +6,8 @@ EAGER = {"flashinfer": EagerFlashInferDecode}
 
 
 def get_eager(name: str):
+    """The twin of a backend; a TBO-wrapped backend's parent metadata is its inner backend's."""
     try:
-        return EAGER[name]
+        return EAGER[name.removeprefix("tbo_")]
     except KeyError:
         raise KeyError(f"no eager twin for backend {name!r}; known: {sorted(EAGER)}") from None

@@ -15,11 +15,11 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 L, ROWS, MAX_BS, SIZES = 512, 80, 64, (1, 2, 4, 8, 16, 32, 48)
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=["flashinfer", "tbo_flashinfer"])
+def setup(request):
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=3, device=dev)
-    cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L))
+    cb = compile_backend(request.param, CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L))
     be = cb.instantiate(pool, device=dev)
     g = torch.Generator().manual_seed(0)
     k = torch.randn(ROWS * L + 1, 4, 64, generator=g).to(dev)
@@ -52,6 +52,15 @@ def test_replay_matches_eager_twin_and_reference_attention(setup):
         assert torch.equal(m.kv_indptr_host[: raw + 1], ref.kv_indptr_host)
         want = decode_attention_loop(q, k, v, ref.kv_indptr, ref.kv_indices)
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        if hasattr(m, "tbo0_kv_indptr") and raw == runner.padded_size(raw):  # unpadded: children are the halves
+            half = raw // 2
+            for c, (lo, hi) in enumerate([(0, half), (half, raw)]):
+                sub = ForwardBatch(ForwardMode.DECODE, hi - lo, req_pool_indices=fb.req_pool_indices[lo:hi],
+                                   seq_lens=fb.seq_lens[lo:hi], seq_lens_cpu=fb.seq_lens_cpu[lo:hi])
+                cref = get_eager("flashinfer")(pool, MAX_BS).init_forward_metadata(sub)
+                assert torch.equal(getattr(m, f"tbo{c}_kv_indptr"), cref.kv_indptr)
+                cn = int(cref.kv_indptr[-1])
+                assert torch.equal(getattr(m, f"tbo{c}_kv_indices")[:cn], cref.kv_indices)
     assert runner.stats["eager"] == 1 and runner.stats["replay"] == 9
 
 
