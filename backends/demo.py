@@ -89,7 +89,8 @@ def format_result(r: DemoResult) -> str:
     rows = [
         ("backend", r.backend), ("device", r.device), ("compile (s)", f"{r.compile_s:.2f}"),
         ("captured sizes", " ".join(map(str, r.captured))), ("steps run", r.steps), ("  idle steps", r.idle_steps),
-        ("graph replays", r.replays), ("  padded rows", r.padded), ("eager fallbacks", r.eager), ("metadata mismatches", r.mismatches),
+        ("graph replays", r.replays), ("  padded rows", r.padded), ("eager fallbacks", r.eager),
+        ("metadata mismatches", r.mismatches),
         ("max |attn - eager| (fp32)", f"{r.max_abs_diff:.2e}"), ("loop (s)", f"{r.loop_s:.1f}"),
     ]
     w = max(len(k) for k, _ in rows)
