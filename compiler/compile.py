@@ -47,21 +47,28 @@ class CompiledBackend:
     def modes(self) -> tuple[ForwardMode, ...]:
         return self.options.modes
 
+    def kernels(self, mode: ForwardMode, bs: int) -> int:
+        """Device launches per step in the plan's graph: fused kernels plus unfused ops (slices are views)."""
+        p = self.plan(mode, bs)
+        return len(p.kernels) + sum(1 for n in p.graph.region_nodes(Region.in_graph)
+                                    if n.name not in p.consts and not n.kernel and n.op is not Op.slice)
+
     def summary(self) -> list[dict]:
-        """Per mode, at the largest captured size: node counts, host ops, bytes copied per step."""
+        """Per mode: node counts, host ops and bytes copied per step at the largest captured size,
+        and the range of kernels per step over every captured size."""
         rows = []
         for mode in self.options.modes:
             bs = max(self.options.sizes)
             p = self.plan(mode, bs)
             g = p.graph
+            ks = sorted({self.kernels(mode, b) for b in self.options.sizes})
             slots = {(i.offset if i.offset is not None else i.name): i for i in g.inputs if i.role.value == "batch"}
             staged = sum(i.type.numel(g.env) * i.type.dtype.torch.itemsize for i in slots.values())
             rows.append({
                 "mode": mode.name.lower(), "bs": bs,
                 "out_graph": len(g.region_nodes(Region.out_graph)), "in_graph": len(g.region_nodes(Region.in_graph)),
                 "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.name not in p.consts),
-                "kernels": len(p.kernels) + sum(1 for n in g.region_nodes(Region.in_graph)  # slices are views
-                                                 if n.name not in p.consts and not n.kernel and n.op is not Op.slice),
+                "kernels": str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}",
                 "bytes_per_step": staged, "captured_sizes": len(self.options.sizes),
             })
         return rows
