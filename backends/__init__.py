@@ -2,10 +2,11 @@
 
 from attnmeta.compiler import BackendSpec
 
-from . import flashinfer
+from . import flashattention, flashinfer, triton
 from .tbo import tbo
 
-_SPECS: dict[str, BackendSpec] = {s.name: s for s in (flashinfer.SPEC, tbo(flashinfer.SPEC))}
+_BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC)
+_SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE))}
 
 
 def list_backends() -> list[str]:

@@ -1,8 +1,11 @@
 """Hand-written eager twins of the specs: baselines and independent oracles."""
 
+from .flashattention import EagerFlashAttentionDecode
 from .flashinfer import EagerFlashInferDecode
+from .triton import EagerTritonDecode
 
-EAGER = {"flashinfer": EagerFlashInferDecode}
+EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttentionDecode,
+         "triton": EagerTritonDecode}
 
 
 def get_eager(name: str):

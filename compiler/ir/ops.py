@@ -65,6 +65,7 @@ EWISE = {
     "sub": torch.sub,
     "mul": torch.mul,
     "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "ceildiv": lambda a, b: -torch.div(-a, b, rounding_mode="floor"),  # for a positive divisor
     "min": torch.minimum,
     "max": torch.maximum,
 }

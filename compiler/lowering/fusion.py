@@ -85,6 +85,9 @@ class _Emitter:
         n = self.nodes[x]
         a, ins = n.a, n.inputs
         val = self.scalar if f == "s" else self.vector
+        if n.op is Op.ewise and a["fn"] == "ceildiv":  # divisor positive by contract: exact either rounding
+            u, d = val(ins[0]), val(ins[1])
+            return self.emit(f"{f}_{self.nm(x)}", f"tl.where({u} >= 0, ({u} + {d} - 1) // {d}, -((-{u}) // {d}))")
         if n.op is Op.ewise:
             return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=val(ins[0]), b=val(ins[1])))
         if n.op is Op.ewise_const:
@@ -92,6 +95,8 @@ class _Emitter:
             if a["fn"] == "floordiv":  # exact floor for c > 0 whatever the back end's rounding
                 floor = f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))"
                 return self.emit(f"{f}_{self.nm(x)}", floor)
+            if a["fn"] == "ceildiv":
+                return self.emit(f"{f}_{self.nm(x)}", f"tl.where({v} >= 0, ({v} + {c - 1}) // {c}, -((-{v}) // {c}))")
             return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=v, b=c))
         if n.op is Op.cast:
             return self.emit(f"{f}_{self.nm(x)}", f"{val(ins[0])}.to({_TL[a['dtype'].value]})")
@@ -137,6 +142,8 @@ class _Emitter:
             t = f"t_{self.nm(x)}"
             self.lines.append(f"    tl.store({p} + i * {times} + {t}, {self.scalar(n.inputs[0])} + {t} * 0, "
                               f"mask={t} < {times})")
+        elif n.type.shape == ():  # a batch-wide scalar: every program has it, one stores it
+            self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
         else:
             self.lines.append(f"    tl.store({p} + i, {self.scalar(x)})")
 

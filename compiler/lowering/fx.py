@@ -130,7 +130,7 @@ def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]
     from .fusion import generate, load
 
     types = g.types()
-    bs = row_space(g.node(group[0]), types)  # the kernel's row count: the batch or a TBO child's range
+    bs = next(r for x in group if (r := row_space(g.node(x), types)))  # the kernel's rows: batch or TBO child
     fk = generate(g, group, bs, outs)
     n_args = len(fk.args)
     tables = tuple(fk.args.index(t) for t in fk.tables)

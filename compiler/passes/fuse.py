@@ -22,12 +22,12 @@ def fusible(n, types, group: set[str], bs: int) -> bool:
         return False
     if n.op is Op.ewise and n.a["fn"] == "floordiv":
         return False  # integer division rounding differs between Triton back ends; left to torch
-    if n.op is Op.ewise_const and n.a["fn"] == "floordiv" and n.a["value"] <= 0:
+    if n.op is Op.ewise_const and n.a["fn"] in ("floordiv", "ceildiv") and n.a["value"] <= 0:
         return False
     if n.op is Op.lookup:
         return ins[0] not in group and len(types[ins[0]].shape) == 1 and row_like(ins[1]) and t.shape == (bs,)
     if n.op in ROW_OPS:
-        return t.shape == (bs,) and all(row_like(x) for x in ins)
+        return t.shape in ((bs,), ()) and all(row_like(x) for x in ins)
     if n.op is Op.cumsum:
         return types[ins[0]].shape == (bs,) and row_like(ins[0])
     if n.op is Op.reduce:
@@ -42,8 +42,11 @@ def fusible(n, types, group: set[str], bs: int) -> bool:
     return False
 
 
-def row_space(n, types) -> int | None:
-    """The row count a node iterates over: its per-row input's length."""
+def row_space(n, types, rows_of: dict[str, int] | None = None) -> int | None:
+    """The row count a node iterates over: its per-row input's length, or for a node on
+    batch-wide scalars only, the row space of the kernel that computed them."""
+    if all(types[x].shape == () for x in n.inputs) and rows_of:
+        return next((rows_of[x] for x in n.inputs if x in rows_of), None)
     if n.op in (Op.ragged_gather, Op.page_table):
         shape = types[n.inputs[1]].shape
     elif n.op is Op.lookup:
@@ -70,15 +73,16 @@ def fuse(g: Graph, ctx: PassContext) -> Graph:
     groups: dict[int, set[str]] = {}  # row count -> members
     after: dict[int, set[str]] = {}  # row count -> nodes outside the group that read it
     kernel_of: dict[str, str] = {}
+    rows_of: dict[str, int] = {}
     for n in g.nodes:
         if n.region is not Region.in_graph or n.op in CONST_OPS:
             continue
-        rows = row_space(n, types)
+        rows = row_space(n, types, rows_of)
         joined = None
         if rows and not any(x in after.get(rows, ()) for x in n.inputs):
             if fusible(n, types, groups.get(rows, set()), rows):
                 groups.setdefault(rows, set()).add(n.name)
-                joined = rows
+                rows_of[n.name] = joined = rows
         for r, members in groups.items():
             if r != joined and any(x in members or x in after.get(r, ()) for x in n.inputs):
                 after.setdefault(r, set()).add(n.name)

@@ -1,0 +1,27 @@
+"""Eager twin of backends/flashattention.py, the way engines write it: the
+page table gathered at the width of the longest sequence (a host max)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+
+class EagerFlashAttentionDecode:
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1):
+        self.req_to_token, self.page_size = req_to_token, page_size
+        L = req_to_token.shape[1]
+        self.strided = torch.arange(0, L, page_size, device=req_to_token.device)
+
+    def init_forward_metadata(self, fb) -> SimpleNamespace:
+        bs, P = fb.batch_size, self.page_size
+        seq = fb.seq_lens[:bs]
+        cu_k = torch.nn.functional.pad(torch.cumsum(seq, 0, dtype=torch.int32), (1, 0))
+        max_k = int(fb.seq_lens_cpu[:bs].max()) if bs else 0  # host mirror: no device sync
+        n = -(-max_k // P)
+        rows = fb.req_pool_indices[:bs].long()
+        page_table = (self.req_to_token[rows[:, None], self.strided[:n]] // P).to(torch.int32)
+        return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k,
+                               cu_seqlens_q=torch.arange(bs + 1, dtype=torch.int32, device=seq.device),
+                               page_table=page_table, max_seq_len_q=1, max_seq_len_k=max_k)

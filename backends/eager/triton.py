@@ -1,0 +1,31 @@
+"""Eager twin of backends/triton.py, the way engines write it: persistent
+indptr, a fresh kv_indices sized by the host-known sum, and the split
+heuristic in torch on device."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from .flashinfer import gather_kv_indices
+
+
+class EagerTritonDecode:
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, max_kv_splits: int = 8):
+        self.req_to_token, self.max_kv_splits = req_to_token, max_kv_splits
+        self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=req_to_token.device)
+
+    def init_forward_metadata(self, fb) -> SimpleNamespace:
+        bs = fb.batch_size
+        seq = fb.seq_lens[:bs]
+        self.kv_indptr[1 : bs + 1] = torch.cumsum(seq, 0)
+        kv_indptr = self.kv_indptr[: bs + 1]
+        total = int(fb.seq_lens_cpu[:bs].sum())
+        kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total)
+        longest, shortest = seq.max(), seq.min()
+        shortest = torch.where(longest * 8 < shortest * 10, longest, shortest)
+        splits = torch.clamp(-(-longest // shortest), max=self.max_kv_splits)
+        chunk = -(-longest // splits)
+        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=-(-seq // chunk),
+                               max_kv_splits=self.max_kv_splits)

@@ -1,0 +1,37 @@
+"""FlashAttention metadata (decode), declared once.
+
+The page table has a static width W = ceil(L / P) and guards each row on
+device (pages past ceil(seq_len / P) are 0), so no host maximum is baked
+into the captured graph. ``max_seq_len_q`` is the per-mode constant 1 and
+``max_seq_len_k`` the static bound L: constants, not per-step host numbers.
+"""
+
+from __future__ import annotations
+
+from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
+from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+
+I32, I64 = DType.int32, DType.int64
+
+
+def build(mode: ForwardMode, options: CompileOptions) -> Graph:
+    b = SpecBuilder(f"flashattention.{mode.name.lower()}")
+    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
+    req_to_token = b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        cache_seqlens = b.copy(seq_lens, name="cache_seqlens_int32")
+        cu_seqlens_q = b.arange("bs + 1", name="cu_seqlens_q")
+        cu_seqlens_k = b.cumsum(seq_lens, name="cu_seqlens_k")
+        page_table = b.page_table(req_to_token, rpi, seq_lens, page_size=options.page_size, width="W",
+                                  name="page_table")
+    with b.out_graph():
+        max_q = b.full(1, [], I32, Placement.host, name="max_seq_len_q")
+        max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
+    b.outputs(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+              page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k)
+    return b.build()
+
+
+SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE,),
+                   doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W")

@@ -1,0 +1,49 @@
+"""Triton attention backend metadata (decode), declared once. No host
+planner: everything is device work recorded in the graph, including the
+split-KV partition.
+
+``num_kv_splits`` follows the engine's min/max heuristic on device: with
+``max``/``min`` the longest/shortest live sequence (``min := max`` when they
+are within 25 %), ``s = min(ceil(max / min), MAX_SPLITS)``,
+``chunk = ceil(max / s)`` and ``splits_i = ceil(seq_i / chunk)``. Computed
+from the replayed batch, never frozen at capture. (The engine's second,
+SM-count term uses a float log2; the integer IR leaves it out.)
+"""
+
+from __future__ import annotations
+
+from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
+from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+
+I32, I64 = DType.int32, DType.int64
+MAX_SPLITS = 8
+
+
+def num_kv_splits(b: SpecBuilder, seq_lens, max_splits: int = MAX_SPLITS):
+    longest = b.reduce("max", seq_lens)
+    shortest = b.reduce("min", seq_lens)
+    close = b.compare("lt", b.ewise("mul", longest, 8), b.ewise("mul", shortest, 10))
+    shortest = b.where(close, longest, shortest)
+    splits = b.ewise("min", b.ewise("ceildiv", longest, shortest), max_splits)
+    chunk = b.ewise("ceildiv", longest, splits)
+    return b.ewise("ceildiv", seq_lens, chunk, name="num_kv_splits")
+
+
+def build(mode: ForwardMode, options: CompileOptions) -> Graph:
+    b = SpecBuilder(f"triton.{mode.name.lower()}")
+    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
+    req_to_token = b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
+        kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
+        splits = num_kv_splits(b, seq_lens)
+    with b.out_graph():
+        max_splits = b.full(MAX_SPLITS, [], I32, Placement.host, name="max_kv_splits")
+    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, max_kv_splits=max_splits,
+              ragged={"kv_indices": "kv_indptr"})
+    return b.build()
+
+
+SPEC = BackendSpec("triton", build, (ForwardMode.DECODE,),
+                   doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner")
