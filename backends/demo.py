@@ -9,10 +9,12 @@ import attrs
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DecodeModel, GraphRunner, decode_attention_loop
+from attnmeta.runtime import DecodeModel, ForwardBatch, ForwardMode, GraphRunner
+from attnmeta.runtime.attention import attention_from_pool
 from attnmeta.runtime.serving import ServingSim
 
 from .eager import get_eager
+from .eager.compare import compare_metadata
 
 
 @attrs.define
@@ -32,19 +34,13 @@ class DemoResult:
     failures: list = attrs.Factory(list)
 
 
-def compare_metadata(meta, ref, raw: int) -> list[str]:
-    """Field-by-field, bit-exact, over the live rows only."""
-    bad = []
-    if not torch.equal(meta.kv_indptr[: raw + 1].cpu(), ref.kv_indptr.cpu()):
-        bad.append("kv_indptr")
-    n = int(ref.kv_indptr[-1]) if raw else 0
-    if not torch.equal(meta.kv_indices[:n].cpu(), ref.kv_indices.cpu()):
-        bad.append("kv_indices")
-    if not torch.equal(meta.kv_last_page_len[:raw].cpu(), ref.kv_last_page_len.cpu()):
-        bad.append("kv_last_page_len")
-    if not torch.equal(meta.kv_indptr_host[: raw + 1], ref.kv_indptr_host):
-        bad.append("kv_indptr_host")
-    return bad
+def padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
+    """The batch the graph computed on: live rows, then fill rows (seq_len 1, pool row 0)."""
+    raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
+    seq, rpi = torch.ones(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
+    seq[:raw], rpi[:raw] = fb.seq_lens_cpu[:raw], fb.req_pool_indices[:raw].cpu()
+    dev = fb.seq_lens.device
+    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), seq_lens_cpu=seq)
 
 
 def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, max_context_len: int = 256,
@@ -62,7 +58,7 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
     model = DecodeModel(sim.k_cache, sim.v_cache, max_bs, max_context_len)
     runner = GraphRunner(be, model, capture_sizes, dev)
     runner.capture()
-    eager = get_eager(backend)(sim.req_to_token, max_bs)
+    eager = get_eager(backend)(sim.req_to_token, max_bs)  # page size 1: the demo's pool is token-granular
     t1 = time.perf_counter()
     for step in range(steps):
         fb, q = sim.step()
@@ -71,13 +67,14 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
         if fb.forward_mode.is_idle():
             res.idle_steps += 1
             continue
-        ref = eager.init_forward_metadata(fb)
-        bad = compare_metadata(be.forward_metadata, ref, fb.batch_size)
+        bs = runner.padded_size(fb.batch_size) or fb.batch_size  # eager past the largest size: unpadded
+        full = padded(fb, bs)
+        bad = compare_metadata(be.forward_metadata, eager.init_forward_metadata(full), full.seq_lens_cpu)
         if bad:
             res.mismatches += 1
             res.failures.append((step, fb.batch_size, bad))
-        want = decode_attention_loop(q.cpu(), sim.k_cache.cpu(), sim.v_cache.cpu(), ref.kv_indptr.cpu(),
-                                     ref.kv_indices.cpu())
+        want = attention_from_pool(q, sim.k_cache, sim.v_cache, sim.req_to_token, fb.req_pool_indices,
+                                   fb.seq_lens_cpu)
         res.max_abs_diff = max(res.max_abs_diff, float((out.cpu() - want).abs().max()))
     res.loop_s = time.perf_counter() - t1
     res.replays, res.eager = runner.stats["replay"], runner.stats["eager"]

@@ -19,12 +19,37 @@ def paged_decode_attention(q, k_cache, v_cache, kv_indptr, kv_indices, max_len: 
     pos = (kv_indptr[:bs, None].long() + j).clamp_(max=kv_indices.shape[0] - 1)
     valid = j[None, :] < lens[:, None]
     slots = torch.where(valid, kv_indices[pos].long(), 0)
-    k, v = k_cache[slots], v_cache[slots]  # [bs, max_len, H, Dh]
+    return _attend(q, k_cache[slots], v_cache[slots], valid, out)  # [bs, max_len, H, Dh] keys
+
+
+def paged_decode_attention_pt(q, k_cache, v_cache, page_table, cache_seqlens, page_size: int, max_len: int,
+                              out=None):
+    """FlashAttention-style metadata: key j of request i sits in slot page_table[i, j // P] * P + j % P."""
+    j = torch.arange(max_len, device=q.device)
+    valid = j[None, :] < cache_seqlens[:, None]
+    pages = page_table[:, (j // page_size).clamp(max=page_table.shape[1] - 1)].long()
+    slots = torch.where(valid, pages * page_size + j % page_size, 0)
+    return _attend(q, k_cache[slots], v_cache[slots], valid, out)
+
+
+def _attend(q, k, v, valid, out):
     scores = torch.einsum("bhd,blhd->bhl", q, k) * q.shape[-1] ** -0.5
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # rows with no keys give zeros, not NaN
     r = torch.einsum("bhl,blhd->bhd", p, v)
     return r if out is None else out.copy_(r)
+
+
+def attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens_cpu):
+    """Oracle from the pool itself, no metadata at all: request i attends to the slots
+    req_to_token[rpi_i, :seq_i]."""
+    outs = []
+    for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
+        idx = req_to_token[r, :n].long().cpu()
+        k, v = k_cache.cpu()[idx], v_cache.cpu()[idx]
+        s = torch.einsum("hd,nhd->hn", q[i].cpu(), k) * q.shape[-1] ** -0.5
+        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+    return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
 
 
 def decode_attention_loop(q, k_cache, v_cache, kv_indptr, kv_indices):
@@ -39,13 +64,17 @@ def decode_attention_loop(q, k_cache, v_cache, kv_indptr, kv_indices):
 
 
 class DecodeModel:
-    """The captured 'model': attention over static q/out buffers using the backend's metadata."""
+    """The captured 'model': attention over static q/out buffers using the backend's metadata,
+    by whichever kernel reads that backend's fields: the Triton split-KV kernel for
+    ``num_kv_splits``, page-table attention for ``page_table``, else indptr/indices attention."""
 
-    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int):
-        self.k_cache, self.v_cache, self.max_len = k_cache, v_cache, max_len
+    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, page_size: int = 1, max_kv_splits: int = 8):
+        self.k_cache, self.v_cache, self.max_len, self.page_size = k_cache, v_cache, max_len, page_size
         H, Dh = k_cache.shape[1:]
         self.q = torch.zeros(max_bs, H, Dh, dtype=k_cache.dtype, device=k_cache.device)
         self.out = torch.zeros_like(self.q)
+        self._triton = None
+        self._splits = max_kv_splits
 
     def prepare(self, q: torch.Tensor, bs: int) -> None:
         n = q.shape[0]
@@ -53,5 +82,16 @@ class DecodeModel:
         self.q[n:bs].zero_()
 
     def forward(self, meta, bs: int) -> torch.Tensor:
-        return paged_decode_attention(self.q[:bs], self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices,
-                                      self.max_len, out=self.out[:bs])
+        q, out = self.q[:bs], self.out[:bs]
+        if hasattr(meta, "num_kv_splits"):
+            if self._triton is None:
+                from .triton_attention import TritonDecodeAttention
+
+                self._triton = TritonDecodeAttention(self.q.shape[0], q.shape[1], q.shape[2], self._splits, q.device)
+            return self._triton(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices, meta.num_kv_splits,
+                                out)
+        if hasattr(meta, "page_table"):
+            return paged_decode_attention_pt(q, self.k_cache, self.v_cache, meta.page_table[:bs],
+                                             meta.cache_seqlens_int32[:bs], self.page_size, self.max_len, out=out)
+        return paged_decode_attention(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices,
+                                      self.max_len, out=out)

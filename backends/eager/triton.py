@@ -23,6 +23,9 @@ class EagerTritonDecode:
         kv_indptr = self.kv_indptr[: bs + 1]
         total = int(fb.seq_lens_cpu[:bs].sum())
         kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total)
+        if bs == 0:
+            return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=seq.clone(),
+                                   max_kv_splits=self.max_kv_splits)
         longest, shortest = seq.max(), seq.min()
         shortest = torch.where(longest * 8 < shortest * 10, longest, shortest)
         splits = torch.clamp(-(-longest // shortest), max=self.max_kv_splits)
