@@ -11,14 +11,14 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
+from .common import decode_inputs
+
 I32, I64 = DType.int32, DType.int64
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashattention.{mode.name.lower()}")
-    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
-    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
-    req_to_token = b.pool("req_to_token", I32, ["R", "L"])
+    seq_lens, rpi, req_to_token = decode_inputs(b)
     with b.in_graph():
         cache_seqlens = b.copy(seq_lens, name="cache_seqlens_int32")
         cu_seqlens_q = b.arange("bs + 1", name="cu_seqlens_q")

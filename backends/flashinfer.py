@@ -11,16 +11,16 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
+from .common import decode_inputs
+
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
-    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
+    seq_lens, rpi, req_to_token = decode_inputs(b)
     seq_lens_cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
-    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, mirror="req_pool_indices_cpu")  # row 0: reserved, zero
-    req_to_token = b.pool("req_to_token", I32, ["R", "L"])
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")

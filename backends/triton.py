@@ -15,6 +15,8 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
+from .common import decode_inputs
+
 I32, I64 = DType.int32, DType.int64
 MAX_SPLITS = 8
 
@@ -31,9 +33,7 @@ def num_kv_splits(b: SpecBuilder, seq_lens, max_splits: int = MAX_SPLITS):
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"triton.{mode.name.lower()}")
-    seq_lens = b.input("seq_lens", I32, ["bs"], fill=1, mirror="seq_lens_cpu")
-    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
-    req_to_token = b.pool("req_to_token", I32, ["R", "L"])
+    seq_lens, rpi, req_to_token = decode_inputs(b)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")

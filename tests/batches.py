@@ -34,3 +34,14 @@ def interp_inputs(fb: ForwardBatch, bs: int, req_to_token: torch.Tensor, fills: 
         live = src[:raw].cpu() if src is not None else pad[:0]
         out[name] = torch.cat([live, pad.to(live.dtype)])
     return out
+
+
+def capture(backend, fb):
+    """out_graph at capture, then in_graph recorded into an emulated graph, as a runner does."""
+    from attnmeta.runtime import EmulatedGraph
+
+    backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    g = EmulatedGraph()
+    with g.capture():
+        backend.init_forward_metadata_in_graph(fb)
+    return g

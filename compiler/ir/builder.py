@@ -105,15 +105,7 @@ class SpecBuilder:
         return self.input(name, dtype, shape, placement, None, Role.pool)
 
     def op(self, op: Op, *ins: V, name: str | None = None, **a: AttrValue) -> V:
-        origin = caller_origin()
-        a = coerce_attrs(op, a)
-        try:
-            t = infer(op, [v.type for v in ins], a)
-        except ShapeError as e:
-            raise SpecError(f"{origin}: {e}") from None
-        node = Node(self._fresh(name), op, tuple(v.name for v in ins), a, t, self._region, self._movable, origin)
-        self._nodes.append(node)
-        return V(node.name, t)
+        return self._op_at(op, list(ins), coerce_attrs(op, a), name, caller_origin())
 
     # --- sugar for the op table ---
     def full(self, value: int, shape: list, dtype: DType, placement=Placement.device, name=None) -> V:
@@ -184,7 +176,7 @@ class SpecBuilder:
                 env[n.name] = self._op_at(n.op, [env[x] for x in n.inputs], a, prefix + n.name, n.origin)
         return {o.field: env[o.value] for o in g.outputs}
 
-    def _op_at(self, op: Op, ins: list[V], a: dict, name: str, origin: str) -> V:
+    def _op_at(self, op: Op, ins: list[V], a: dict, name: str | None, origin: str) -> V:
         try:
             t = infer(op, [v.type for v in ins], a)
         except ShapeError as e:

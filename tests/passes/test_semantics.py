@@ -11,7 +11,7 @@ from attnmeta.compiler import CompileOptions, ForwardMode
 from attnmeta.compiler.ir import eval_graph, valid_prefix
 from attnmeta.compiler.passes.registry import PassContext
 from attnmeta.compiler.pipeline import GENERIC_PASSES, PER_BS_PASSES, run_passes
-from tests.batches import interp_inputs, make_batch, make_pool
+from tests.batches import capture, interp_inputs, make_batch, make_pool
 
 L, ROWS, MAX_BS = 24, 12, 8
 OPTS = CompileOptions(max_bs=MAX_BS, max_context_len=L)
@@ -128,17 +128,14 @@ def test_every_pass_preserves_a_rich_spec(raw, pad, seed):
 def test_rich_spec_compiles_and_runs_through_the_runtime():
     """The lowered plan (eager and captured on the emulated graph) equals the interpreter."""
     from attnmeta.compiler import BackendSpec, compile_backend
-    from attnmeta.runtime import EmulatedGraph, ReplayView
+    from attnmeta.runtime import ReplayView
 
     spec = BackendSpec("rich", rich_spec, (ForwardMode.DECODE,))
     cb = compile_backend(spec, CompileOptions(max_bs=MAX_BS, capture_sizes=(4,), max_context_len=L))
     pool = make_pool(ROWS, L, 3)
     be = cb.instantiate(pool)
     cap = make_batch(4, L, ROWS, 1, max_len=3)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    gr = EmulatedGraph()
-    with gr.capture():
-        be.init_forward_metadata_in_graph(cap)
+    gr = capture(be, cap)
     for seed, raw in [(5, 4), (6, 3), (7, 0)]:
         fb = make_batch(raw, L, ROWS, seed)
         be.init_forward_metadata_out_graph(ReplayView.of(fb, 4))

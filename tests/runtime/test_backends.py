@@ -8,8 +8,8 @@ import torch
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
-from attnmeta.runtime import EmulatedGraph, ForwardBatch, ReplayView
-from tests.batches import interp_inputs, make_batch, make_pool
+from attnmeta.runtime import ForwardBatch, ReplayView
+from tests.batches import capture, interp_inputs, make_batch, make_pool
 from tests.oracles import assert_metadata_equal, padded
 
 L, ROWS, MAX_BS, SIZES = 128, 20, 10, (1, 4, 8)
@@ -40,10 +40,7 @@ def test_capture_and_replay_match_the_twin(name, page_size):
     for bs in SIZES:
         be = cb.instantiate(pool)
         cap = make_batch(bs, L, ROWS, seed=bs, max_len=4)  # short context at capture
-        be.init_forward_metadata_out_graph(cap, in_capture=True)
-        g = EmulatedGraph()
-        with g.capture():
-            be.init_forward_metadata_in_graph(cap)
+        g = capture(be, cap)
         check(name, cb, be, cap, bs, pool, page_size)
         for seed, raw in [(11, bs), (12, bs - 1), (13, 0)]:  # long context, padding, IDLE
             fb = make_batch(raw, L, ROWS, seed=seed) if raw else ForwardBatch(ForwardMode.IDLE, 0)
@@ -70,10 +67,7 @@ def test_triton_splits_follow_the_replayed_batch_not_the_capture():
     pool = make_pool(ROWS, L, seed=0)
     be = cb.instantiate(pool)
     cap = make_batch(4, L, ROWS, seed=0, max_len=2)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture(be, cap)
     captured = be.forward_metadata.num_kv_splits.clone()
     fb = make_batch(4, L, ROWS, seed=0)
     fb.seq_lens_cpu[:] = torch.tensor([1, 2, 100, 128], dtype=torch.int32)

@@ -6,8 +6,8 @@ import torch
 
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import CompiledAttentionBackend, EmulatedGraph, ReplayView, StaleBufferError
-from tests.batches import make_batch, make_pool
+from attnmeta.runtime import CompiledAttentionBackend, ReplayView, StaleBufferError
+from tests.batches import capture, make_batch, make_pool
 
 L, ROWS, BS = 32, 16, 4
 
@@ -34,10 +34,7 @@ def capture_then_replay(backend_cls, check_addresses):
     compiled = compile_backend("flashinfer", CompileOptions(max_bs=8, capture_sizes=(BS,), max_context_len=L))
     be = backend_cls(compiled, pool, check_addresses=check_addresses)
     cap = make_batch(BS, L, ROWS, seed=1, max_len=4)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture(be, cap)
     fb = make_batch(BS, L, ROWS, seed=2)
     be.init_forward_metadata_out_graph(ReplayView.of(fb, BS))
     g.replay()

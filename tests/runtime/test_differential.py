@@ -9,13 +9,12 @@ from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import (
     DecodeModel,
-    EmulatedGraph,
     ForwardBatch,
     GraphRunner,
     ReplayView,
     decode_attention_loop,
 )
-from tests.batches import interp_inputs, make_batch, make_pool
+from tests.batches import capture, interp_inputs, make_batch, make_pool
 
 L, ROWS, MAX_BS, SIZES = 40, 24, 12, (1, 3, 8)
 FIELDS = ("kv_indptr", "kv_indices", "kv_last_page_len", "kv_indptr_host")
@@ -61,10 +60,7 @@ def test_capture_then_replay_unlike_data(compiled, bs):
     pool = make_pool(ROWS, L, seed=bs)
     be = compiled.instantiate(pool)
     cap = make_batch(bs, L, ROWS, seed=1, max_len=3)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture(be, cap)
     check_against_oracles(compiled, be.forward_metadata, cap, bs, pool)
     captured_meta = be.forward_metadata
     for seed, raw in [(2, bs), (3, bs - 1), (4, max(bs - 2, 0)), (5, bs)]:
@@ -80,10 +76,7 @@ def test_idle_replay_pads_every_row(compiled):
     pool = make_pool(ROWS, L, seed=7)
     be = compiled.instantiate(pool)
     cap = make_batch(3, L, ROWS, seed=8)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture(be, cap)
     idle = ForwardBatch(ForwardMode.IDLE, 0)
     be.init_forward_metadata_out_graph(ReplayView.of(idle, 3))
     g.replay()

@@ -8,8 +8,8 @@ from attnmeta.backends import get_spec
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op
-from attnmeta.runtime import EmulatedGraph, ForwardBatch, ReplayView, decode_attention_loop
-from tests.batches import make_batch, make_pool
+from attnmeta.runtime import ForwardBatch, ReplayView, decode_attention_loop
+from tests.batches import capture, make_batch, make_pool
 
 L, ROWS, MAX_BS, SIZES = 24, 20, 9, (1, 2, 5, 8)
 
@@ -37,10 +37,7 @@ def test_every_size_replays_children_from_the_view_alone(compiled, bs):
     pool = make_pool(ROWS, L, seed=bs)
     be = compiled.instantiate(pool)
     cap = make_batch(bs, L, ROWS, seed=1, max_len=2)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture(be, cap)
     for seed, raw in [(2, bs), (3, bs - 1), (4, 0)]:
         fb = make_batch(raw, L, ROWS, seed=seed) if raw else ForwardBatch(ForwardMode.IDLE, 0)
         be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))  # no tbo_children: the view alone

@@ -1,0 +1,14 @@
+"""Inputs every decode spec reads, declared once with their fill values and host mirrors."""
+
+from __future__ import annotations
+
+from attnmeta.compiler.ir import DType, SpecBuilder, V
+
+
+def decode_inputs(b: SpecBuilder) -> tuple[V, V, V]:
+    """(seq_lens, req_pool_indices, req_to_token). Padded rows are sequences of length 1 that
+    read pool row 0, which is reserved and all zero; both are staged from their host mirrors."""
+    seq_lens = b.input("seq_lens", DType.int32, ["bs"], fill=1, mirror="seq_lens_cpu")
+    rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
+    req_to_token = b.pool("req_to_token", DType.int32, ["R", "L"])
+    return seq_lens, rpi, req_to_token
