@@ -2,11 +2,11 @@
 
 from attnmeta.compiler import BackendSpec
 
-from . import flashattention, flashinfer, triton
+from . import dsv4, flashattention, flashinfer, triton
 from .tbo import tbo
 
 _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC)
-_SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE))}
+_SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), dsv4.SPEC)}
 
 
 def list_backends() -> list[str]:

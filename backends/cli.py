@@ -112,7 +112,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--diff", action="store_true", help="show the diff between consecutive passes")
     i.set_defaults(fn=cmd_inspect)
     d = sub.add_parser("demo", help="serving loop on the default backend, checked against eager every step")
-    d.add_argument("--backend", default="flashinfer", choices=list_backends())
+    d.add_argument("--backend", default="flashinfer", choices=[b for b in list_backends() if "dsv4" not in b],
+                   help="a backend whose metadata the demo's attention reads (DSV4 has no attention kernel here)")
     d.add_argument("--steps", type=int, default=120)
     d.add_argument("--max-bs", type=int, default=48)
     d.add_argument("--capture-sizes", type=int, nargs="+", help="default: 1 2 4 8 16 24 32 (up to --max-bs)")
@@ -120,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_demo)
     be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin")
-    be.add_argument("--backend", default="flashinfer", choices=list_backends())
+    be.add_argument("--backend", default="flashinfer", choices=["flashinfer", "flashattention", "triton"])
     be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     be.add_argument("--iters", type=int, default=300)
     be.add_argument("--max-context-len", type=int, default=4096)

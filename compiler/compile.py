@@ -73,11 +73,12 @@ class CompiledBackend:
             })
         return rows
 
-    def instantiate(self, req_to_token, device=None, planners=None):
-        """Bind pools and a device: an AttentionBackend with its static buffers allocated once."""
+    def instantiate(self, req_to_token, device=None, planners=None, pools=None):
+        """Bind pools (``req_to_token`` and any other the spec reads, e.g. ``full_to_swa``) and a
+        device: an AttentionBackend with its static buffers allocated once."""
         from attnmeta.runtime.compiled import CompiledAttentionBackend  # runtime sits above compiler
 
-        return CompiledAttentionBackend(self, req_to_token, device=device, planners=planners)
+        return CompiledAttentionBackend(self, req_to_token, device=device, planners=planners, pools=pools)
 
 
 def _compile_bs(g: Graph, options: CompileOptions, mode: ForwardMode, bs: int,

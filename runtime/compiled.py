@@ -52,10 +52,10 @@ def _ptrs(args: list) -> list[int]:
 
 class CompiledAttentionBackend(AttentionBackend):
     def __init__(self, compiled: CompiledBackend, req_to_token: torch.Tensor, device=None, planners=None,
-                 check_addresses: bool = True):
+                 check_addresses: bool = True, pools: dict | None = None):
         self.compiled = compiled
         self.device = torch.device(device) if device is not None else req_to_token.device
-        self.pools = {"req_to_token": req_to_token}
+        self.pools = {"req_to_token": req_to_token, **(pools or {})}
         self.planners = {**default_planners(), **(planners or {})}
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
@@ -115,11 +115,13 @@ class CompiledAttentionBackend(AttentionBackend):
     def _check_pool(self, i) -> None:
         t = self.pools.get(i.name)
         if t is None:
-            raise BatchError(f"the spec reads pool {i.name!r}; pass it to instantiate()")
-        width = int(i.type.subs(self.compiled.options.symbols()).shape[1])
-        if t.dim() != 2 or t.dtype != i.type.dtype.torch or width != t.shape[1]:
-            raise BatchError(f"pool {i.name} must be {i.type.dtype.value}[rows, {self.max_context_len}] "
-                             f"(max_context_len), got {tuple(t.shape)} {t.dtype}")
+            raise BatchError(f"the spec reads pool {i.name!r}; pass it to instantiate(pools={{{i.name!r}: ...}})")
+        shape = i.type.subs(self.compiled.options.symbols()).shape
+        fixed = [(k, int(d)) for k, d in enumerate(shape) if d.is_Integer]  # R and N stay free
+        if t.dim() != len(shape) or t.dtype != i.type.dtype.torch or any(t.shape[k] != d for k, d in fixed):
+            want = ", ".join(str(d) if d.is_Integer else "rows" for d in shape)
+            raise BatchError(f"pool {i.name} must be {i.type.dtype.value}[{want}] (the L it was compiled for), "
+                             f"got {tuple(t.shape)} {t.dtype}")
 
     @staticmethod
     def _view(buf: torch.Tensor, t, env) -> torch.Tensor:

@@ -1,11 +1,12 @@
 """Hand-written eager twins of the specs: baselines and independent oracles."""
 
+from .dsv4 import EagerDSV4Decode
 from .flashattention import EagerFlashAttentionDecode
 from .flashinfer import EagerFlashInferDecode
 from .triton import EagerTritonDecode
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttentionDecode,
-         "triton": EagerTritonDecode}
+         "triton": EagerTritonDecode, "dsv4": EagerDSV4Decode}
 
 
 def get_eager(name: str):

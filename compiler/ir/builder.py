@@ -153,6 +153,12 @@ class SpecBuilder:
     def lookup(self, table: V, idx: V, name=None) -> V:
         return self.op(Op.lookup, table, idx, name=name)
 
+    def outer(self, fn: str, x: V, y: V, name=None) -> V:
+        return self.op(Op.outer, x, y, fn=fn, name=name)
+
+    def gather_rows(self, table: V, rows: V, cols: V, name=None) -> V:
+        return self.op(Op.gather_rows, table, rows, cols, name=name)
+
     def copy(self, x: V, name=None) -> V:
         return self.op(Op.copy, x, name=name)
 

@@ -47,6 +47,8 @@ class Op(enum.Enum):
     sort_rows = "sort_rows"
     reduce_rows = "reduce_rows"
     copy = "copy"
+    outer = "outer"
+    gather_rows = "gather_rows"
 
 
 @attrs.frozen
@@ -66,6 +68,7 @@ EWISE = {
     "mul": torch.mul,
     "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
     "ceildiv": lambda a, b: -torch.div(-a, b, rounding_mode="floor"),  # for a positive divisor
+    "mod": torch.remainder,  # floor modulo: the result has the divisor's sign
     "min": torch.minimum,
     "max": torch.maximum,
 }
@@ -223,7 +226,14 @@ OPS: dict[Op, OpInfo] = {
     Op.sort_rows: OpInfo(1, {}, ix.infer_rows, ix.ref_sort_rows, True),
     Op.reduce_rows: OpInfo(1, {"fn": str}, ix.infer_rows, ix.ref_reduce_rows, True),
     Op.copy: OpInfo(1, {}, lambda ins, a: ins[0], lambda ins, a: ins[0].clone(), True, doc="bind-output copy"),
+    Op.outer: OpInfo(2, {"fn": str}, ix.infer_outer, ix.ref_outer, True, doc="out[i, j] = fn(a[i], b[j])"),
+    Op.gather_rows: OpInfo(3, {}, ix.infer_gather_rows, ix.ref_gather_rows, True,
+                           doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row"),
 }
+
+
+# Ops with no data inputs: evaluated once into static buffers when a plan is bound, never per step.
+CONST_OPS = (Op.full, Op.arange)
 
 
 def check_attrs(op: Op, a: Attrs) -> None:

@@ -129,3 +129,44 @@ def ref_reduce_rows(ins, a):
 
 def is_dim(v) -> bool:
     return isinstance(v, sympy.Expr | Dynamic)
+
+
+def _outer_fns():
+    from .ops import EWISE
+
+    return {**EWISE, **CMP}
+
+
+def infer_outer(ins, a):
+    x, y = ins
+    _rank(x, 1, "outer first operand")
+    _rank(y, 1, "outer second operand")
+    if a["fn"] not in _outer_fns():
+        raise ShapeError(f"outer fn must be one of {sorted(_outer_fns())}, got {a['fn']!r}")
+    if x.dtype != y.dtype or x.placement != y.placement:
+        raise ShapeError(f"outer operands differ in dtype or placement: {x} vs {y}")
+    dtype = DType.bool if a["fn"] in CMP else x.dtype
+    return TensorType(dtype, (x.shape[0], y.shape[0]), x.placement)
+
+
+def ref_outer(ins, a):
+    x, y = ins
+    r = _outer_fns()[a["fn"]](x[:, None], y[None, :])
+    return r if a["fn"] in CMP else r.to(x.dtype)
+
+
+def infer_gather_rows(ins, a):
+    table, rows, cols = ins
+    _rank(table, 2, "gather_rows table")
+    _rank(rows, 1, "gather_rows rows")
+    _rank(cols, 2, "gather_rows cols")
+    if cols.shape[0] != rows.shape[0]:
+        raise ShapeError(f"gather_rows needs one column row per row: {rows} vs {cols}")
+    return attrs.evolve(cols, dtype=table.dtype)
+
+
+def ref_gather_rows(ins, a):
+    table, rows, cols = ins
+    ok = (cols >= 0) & (cols < table.shape[1])
+    got = table[rows.long()[:, None], cols.clamp(0, table.shape[1] - 1).long()]
+    return torch.where(ok, got, torch.full_like(got, -1))

@@ -73,7 +73,8 @@ Dim = sympy.Expr | Dynamic
 
 # Symbols the specs and options use. One table so the parser and the
 # specializer agree on names.
-SYMBOL_NAMES = ("bs", "max_bs", "R", "L", "P", "W", "T", "D", "K", "S")  # R: req pool rows, bound at instantiate
+# R: req pool rows and N: KV slots, both bound only when a pool is (instantiate)
+SYMBOL_NAMES = ("bs", "max_bs", "R", "N", "L", "P", "W", "T", "D", "K", "S")
 SYMBOLS = {n: sympy.Symbol(n, integer=True, nonnegative=True) for n in SYMBOL_NAMES}
 
 

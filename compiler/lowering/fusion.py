@@ -95,6 +95,9 @@ class _Emitter:
             if a["fn"] == "floordiv":  # exact floor for c > 0 whatever the back end's rounding
                 floor = f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))"
                 return self.emit(f"{f}_{self.nm(x)}", floor)
+            if a["fn"] == "mod":  # floor modulo through the exact floor division above
+                fl = f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))"
+                return self.emit(f"{f}_{self.nm(x)}", f"({v} - ({fl}) * {c})")
             if a["fn"] == "ceildiv":
                 return self.emit(f"{f}_{self.nm(x)}", f"tl.where({v} >= 0, ({v} + {c - 1}) // {c}, -((-{v}) // {c}))")
             return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=v, b=c))

@@ -22,10 +22,10 @@ import torch
 import torch.fx as fx
 
 from ..ir import Graph, Node, Op, Region
+from ..ir.ops import CONST_OPS  # noqa: E402
 from ..ir.types import DType, Placement
 from .kernels import KERNELS
 
-CONST_OPS = (Op.full, Op.arange)
 DEVICE, PLANNERS = "device", "planners"
 
 

@@ -138,7 +138,18 @@ def k_copy(x, out=None):
     return x.clone() if out is None else out.copy_(x)
 
 
+def k_outer(x, y, fn, out=None):
+    r = ix.ref_outer([x, y], {"fn": fn})
+    return _into(r, out)
+
+
+def k_gather_rows(table, rows, cols, out=None):
+    """Static shapes, a guard on every column: nothing past a row is read."""
+    return _into(ix.ref_gather_rows([table, rows, cols], {}), out)
+
+
 KERNELS: dict[Op, Callable] = {
+    Op.outer: k_outer, Op.gather_rows: k_gather_rows,
     Op.slice: k_slice, Op.split_at: k_split_at, Op.compare: k_compare, Op.where: k_where,
     Op.page_table: k_page_table, Op.repeat: k_repeat, Op.lookup: k_lookup, Op.sort_rows: k_sort_rows,
     Op.reduce_rows: k_reduce_rows, Op.copy: k_copy,

@@ -10,6 +10,7 @@ import attrs
 import networkx as nx
 
 from ..ir import OPS, Graph, Op, Region, Role
+from ..ir.ops import CONST_OPS
 from ..ir.types import concrete
 from .registry import PassContext, register_pass
 
@@ -150,7 +151,7 @@ def _unstable(g: Graph) -> Iterator[Violation]:
     users = g.users()
     fields = {o.value: o.field for o in g.outputs}
     for n in g.region_nodes(Region.out_graph):
-        if n.type.placement.on_host:
+        if n.type.placement.on_host or n.op in CONST_OPS:  # constants are made once, into static buffers
             continue
         read_in_graph = any(u.region is Region.in_graph for u in users.get(n.name, []))
         if n.movable:

@@ -20,9 +20,9 @@ def fusible(n, types, group: set[str], bs: int) -> bool:
     t, ins = n.type, n.inputs
     if t.placement.on_host or t.is_dynamic:
         return False
-    if n.op is Op.ewise and n.a["fn"] == "floordiv":
+    if n.op is Op.ewise and n.a["fn"] in ("floordiv", "mod"):
         return False  # integer division rounding differs between Triton back ends; left to torch
-    if n.op is Op.ewise_const and n.a["fn"] in ("floordiv", "ceildiv") and n.a["value"] <= 0:
+    if n.op is Op.ewise_const and n.a["fn"] in ("floordiv", "ceildiv", "mod") and n.a["value"] <= 0:
         return False
     if n.op is Op.lookup:
         return ins[0] not in group and len(types[ins[0]].shape) == 1 and row_like(ins[1]) and t.shape == (bs,)

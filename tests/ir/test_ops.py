@@ -31,6 +31,9 @@ CASES = {
     Op.sort_rows: ([i32(3, 1, 2, 9, 0, 5).view(2, 3)], {}),
     Op.reduce_rows: ([i32(3, 1, 2, 9, 0, 5).view(2, 3)], {"fn": "sum"}),
     Op.copy: ([i32(1, 2)], {}),
+    Op.outer: ([i32(5, 9), i32(0, 1, 2)], {"fn": "sub"}),
+    Op.gather_rows: ([torch.arange(8, dtype=torch.int32).view(2, 4), T([1, 0]), i32(0, 3, -1, 4).view(2, 2)], {}),
+    "ewise_mod": ([i32(7, -7)], {"fn": "mod", "value": 4}),
     Op.ragged_gather: ([torch.arange(12, dtype=torch.int32).view(3, 4), T([2, 0]), i32(3, 1), i32(0, 3, 4)],
                        {"capacity": 8}),
     Op.page_table: ([torch.arange(16, dtype=torch.int32).view(2, 8) * 1, T([1, 0]), i32(5, 8)],
@@ -41,7 +44,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES), ids=[getattr(o, "value", o) for o in CASES])
 def test_kernel_matches_reference(case):
     ins, a = CASES[case]
-    op = case if isinstance(case, Op) else Op.ewise_const
+    op = case if isinstance(case, Op) else Op.ewise_const  # the string cases are ewise_const variants
     ref = OPS[op].ref(ins, a)
     from attnmeta.compiler.ir import Node, Region, TensorType
 
@@ -83,3 +86,12 @@ def test_builder_sugar_evaluates():
     g = specialize_batch(b.build(), PassContext(CompileOptions(), ForwardMode.DECODE, 3))
     out = eval_graph(g, {"x": i32(1, 3, 5), "h": i32(0, 0, 0)})
     assert out["s"].tolist() == [0, 3, 3, 5, 5]
+
+
+def test_gather_rows_and_outer_hand_computed():
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)  # row 1 = 4 5 6 7
+    got = OPS[Op.gather_rows].ref([table, T([1, 0]), i32(0, 3, -1, 4).view(2, 2)], {})
+    assert got.tolist() == [[4, 7], [-1, -1]]  # -1 and 4 are outside a row of 4
+    assert OPS[Op.outer].ref([i32(5, 9), i32(0, 1, 2)], {"fn": "sub"}).tolist() == [[5, 4, 3], [9, 8, 7]]
+    assert OPS[Op.outer].ref([i32(1, 3), i32(2)], {"fn": "gt"}).tolist() == [[False], [True]]
+    assert OPS[Op.ewise_const].ref([i32(7, -7)], {"fn": "mod", "value": 4}).tolist() == [3, 1]

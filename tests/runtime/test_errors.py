@@ -45,7 +45,7 @@ def test_in_graph_without_out_graph(backend):
 
 def test_pool_of_wrong_width():
     cb = compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2,), max_context_len=L))
-    with pytest.raises(BatchError, match=rf"pool req_to_token must be i32\[rows, {L}\]"):
+    with pytest.raises(BatchError, match=rf"pool req_to_token must be i32\[rows, {L}\] \(the L it was compiled"):
         cb.instantiate(torch.zeros(ROWS, L + 1, dtype=torch.int32))
 
 

@@ -1,0 +1,48 @@
+"""Eager twin of backends/dsv4.py: the raw->full upgrade written as plain
+torch on the batch, the way the engine's eager path computes it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+PAGE, SWA, TOPK = 256, 128, 512
+
+
+class EagerDSV4Decode:
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None):
+        self.req_to_token = req_to_token
+        slots = int(req_to_token.max()) + 1
+        self.full_to_swa = full_to_swa if full_to_swa is not None else swa_table(slots, req_to_token.device)
+
+    def init_forward_metadata(self, fb) -> SimpleNamespace:
+        bs, L = fb.batch_size, self.req_to_token.shape[1]
+        seq = fb.seq_lens[:bs].long()
+        rows = self.req_to_token[fb.req_pool_indices[:bs].long()]  # [bs, L]
+        loc = fb.out_cache_loc[:bs] if fb.out_cache_loc is not None else torch.zeros_like(seq)
+        pos = (seq - 1).clamp(min=0)
+        off = pos[:, None] - torch.arange(SWA, device=seq.device)
+        tok = torch.where(off >= 0, rows.gather(1, off.clamp(min=0)), -1)
+        swa = torch.where(tok >= 0, self.full_to_swa[tok.clamp(min=0).long()], -1)
+        n_pages = -(-L // PAGE)
+        page_table = rows[:, ::PAGE][:, :n_pages] // PAGE
+        page_table = torch.where(torch.arange(n_pages, device=seq.device) * PAGE < seq[:, None], page_table, 0)
+        m = SimpleNamespace(positions=pos, swa_topk_lengths=seq.clamp(max=SWA).int(), swa_page_indices=swa.int(),
+                            swa_out_cache_loc=self.full_to_swa[loc.long()], page_table=page_table.int())
+        for r in (4, 128):
+            setattr(m, f"c{r}_lens", (seq // r).int())
+            setattr(m, f"c{r}_out_loc", torch.where(seq % r == 0, loc // r, 0))
+            setattr(m, f"c{r}_positions", ((pos // r) * r).int())
+        j = torch.arange(2 * n_pages, device=seq.device)
+        slots = page_table[:, j // 2] * 2 + j % 2
+        m.c128_page_indices = torch.where(j < m.c128_lens[:, None], slots, -1).int()
+        m.c4_sparse_topk_lengths = m.c4_lens.clamp(min=1).clamp(max=TOPK)
+        m.c4_sparse_page_indices = torch.full((bs, TOPK), -1, dtype=torch.int32, device=seq.device)
+        return m
+
+
+def swa_table(slots: int, device) -> torch.Tensor:
+    """A full->SWA slot translation for tests and the demo: a fixed permutation."""
+    g = torch.Generator().manual_seed(7)
+    return torch.randperm(slots, generator=g).to(torch.int32).to(device)

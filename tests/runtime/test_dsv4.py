@@ -1,0 +1,81 @@
+"""DSV4: the raw->full upgrade, declared out of graph as movable, ends up
+recorded; with hoisting disabled check-split names every step that would not
+be; compiled metadata == the eager twin through capture, padding and IDLE."""
+
+import pytest
+import torch
+
+from attnmeta.backends.eager.dsv4 import EagerDSV4Decode, swa_table
+from attnmeta.compiler import CompileOptions, ForwardMode, SplitError, compile_backend
+from attnmeta.compiler.ir import Region
+from attnmeta.runtime import ForwardBatch, ReplayView
+from tests.batches import capture, make_batch, make_pool
+from tests.oracles import assert_metadata_equal, padded
+
+L, ROWS, MAX_BS, SIZES = 600, 12, 8, (1, 3, 8)
+OPTS = CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L)
+
+
+def with_out_loc(fb: ForwardBatch, seed: int) -> ForwardBatch:
+    g = torch.Generator().manual_seed(seed)
+    fb.out_cache_loc = torch.randint(0, ROWS * L, (fb.batch_size,), generator=g)
+    return fb
+
+
+def test_upgrade_is_hoisted_into_the_graph():
+    cb = compile_backend("dsv4", OPTS)
+    spec_nodes = cb.spec.build(ForwardMode.DECODE, OPTS).nodes
+    assert all(n.region is Region.out_graph and n.movable for n in spec_nodes)  # as the author wrote it
+    for bs in SIZES:
+        g = cb.plan(ForwardMode.DECODE, bs).graph
+        assert not g.region_nodes(Region.out_graph)  # per-step host work: the staging copy only
+        producers = g.producers()
+        assert all(producers[o.value].region is Region.in_graph for o in g.outputs)
+        assert cb.summary()[0]["host_ops"] == 0
+
+
+def test_without_hoisting_check_split_names_every_step():
+    opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(3,), max_context_len=L, disabled_passes=("hoist-upgrades",))
+    with pytest.raises(SplitError) as e:
+        compile_backend("dsv4", opts)
+    spec = compile_backend("dsv4", OPTS).spec.build(ForwardMode.DECODE, OPTS)
+    steps = {n.name for n in spec.nodes if n.op.value not in ("full", "arange")}
+    named = {v.node for v in e.value.violations if v.rule == "unstable-buffer"}
+    assert named == steps
+    assert all("backends/dsv4.py:" in v.origin for v in e.value.violations)
+
+
+@pytest.mark.parametrize("bs", SIZES)
+def test_capture_and_replay_match_the_twin(bs):
+    pool = make_pool(ROWS, L, seed=bs)
+    f2s = swa_table(ROWS * L + 1, "cpu")
+    be = compile_backend("dsv4", OPTS).instantiate(pool, pools={"full_to_swa": f2s})
+    twin = EagerDSV4Decode(pool, MAX_BS, f2s)
+    g = capture(be, with_out_loc(make_batch(bs, L, ROWS, seed=1, max_len=5), 1))
+    for seed, raw in [(2, bs), (3, bs - 1), (4, 0)]:
+        fb = with_out_loc(make_batch(raw, L, ROWS, seed=seed), seed) if raw else ForwardBatch(ForwardMode.IDLE, 0)
+        be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+        g.replay()
+        full = padded(fb, bs)
+        full.out_cache_loc = torch.zeros(bs, dtype=torch.int64)
+        if raw:
+            full.out_cache_loc[:raw] = fb.out_cache_loc
+        assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), full.seq_lens_cpu)
+
+
+def test_hand_computed_compression_fields():
+    pool = torch.zeros(2, 512, dtype=torch.int32)
+    pool[1] = torch.arange(512, dtype=torch.int32) + 1000  # slots 1000.., pages 3 (768..) then 5
+    cb = compile_backend("dsv4", CompileOptions(max_bs=1, capture_sizes=(1,), max_context_len=512))
+    be = cb.instantiate(pool, pools={"full_to_swa": torch.arange(2000, dtype=torch.int32) * 10})
+    seq = torch.tensor([256], dtype=torch.int32)
+    be.init_forward_metadata(ForwardBatch(ForwardMode.DECODE, 1, req_pool_indices=torch.tensor([1]), seq_lens=seq,
+                                          seq_lens_cpu=seq.clone(), out_cache_loc=torch.tensor([1255])))
+    m = be.forward_metadata
+    assert int(m.positions[0]) == 255 and int(m.swa_topk_lengths[0]) == 128
+    assert m.swa_page_indices[0, :2].tolist() == [12550, 12540]  # tokens 255, 254 -> slots 1255, 1254
+    assert m.page_table[0].tolist() == [1000 // 256, 0]  # one page covers 256 tokens; the second is unused
+    assert int(m.c4_lens[0]) == 64 and int(m.c128_lens[0]) == 2
+    assert int(m.c4_out_loc[0]) == 1255 // 4 and int(m.c128_out_loc[0]) == 1255 // 128  # 256 % r == 0
+    assert m.c128_page_indices[0].tolist() == [2 * 3, 2 * 3 + 1, -1, -1]
+    assert int(m.c4_sparse_topk_lengths[0]) == 64
