@@ -19,19 +19,22 @@ I32, I64 = DType.int32, DType.int64
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashattention.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b)
+    T = options.num_draft_tokens if mode.is_target_verify() else 1  # query tokens per request
     with b.in_graph():
-        cache_seqlens = b.copy(seq_lens, name="cache_seqlens_int32")
-        cu_seqlens_q = b.arange("bs + 1", name="cu_seqlens_q")
-        cu_seqlens_k = b.cumsum(seq_lens, name="cu_seqlens_k")
-        page_table = b.page_table(req_to_token, rpi, seq_lens, page_size=options.page_size, width="W",
+        # verify: the D draft tokens' keys are in the cache too, after the prefix
+        kv_lens = b.ewise("add", seq_lens, T) if mode.is_target_verify() else seq_lens
+        cache_seqlens = b.copy(kv_lens, name="cache_seqlens_int32")
+        cu_seqlens_q = b.arange("bs + 1", step=T, name="cu_seqlens_q")
+        cu_seqlens_k = b.cumsum(kv_lens, name="cu_seqlens_k")
+        page_table = b.page_table(req_to_token, rpi, kv_lens, page_size=options.page_size, width="W",
                                   name="page_table")
     with b.out_graph():
-        max_q = b.full(1, [], I32, Placement.host, name="max_seq_len_q")
+        max_q = b.full(T, [], I32, Placement.host, name="max_seq_len_q")
         max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
     b.outputs(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
               page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k)
     return b.build()
 
 
-SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE,),
+SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
                    doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W")

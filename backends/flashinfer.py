@@ -15,12 +15,15 @@ from .common import decode_inputs
 
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
+PREFILL_PLANNER = "flashinfer.prefill_plan"
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b)
     seq_lens_cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
+    if mode.is_target_verify():
+        return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -34,5 +37,25 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     return b.build()
 
 
-SPEC = BackendSpec("flashinfer", build, (ForwardMode.DECODE,),
+def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token) -> Graph:
+    """Target verify (EAGLE): D query tokens per request over the prefix plus the D drafts; the
+    tree-mask rows of request i start at mask_indptr[i]. plan() gets host indptrs computed from
+    the host mirror, never a device->host copy at replay."""
+    with b.in_graph():
+        kv_lens = b.ewise("add", seq_lens, D)
+        qo_indptr = b.arange("bs + 1", step=D, name="qo_indptr")
+        kv_indptr = b.cumsum(kv_lens, name="kv_indptr")
+        kv_indices = b.ragged_gather(req_to_token, rpi, kv_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
+        mask_indptr = b.cumsum(b.ewise("mul", kv_lens, D), name="mask_indptr")
+        last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
+    with b.out_graph():
+        qo_host = b.arange("bs + 1", step=D, placement=Placement.host, name="qo_indptr_host")
+        kv_host = b.cumsum(b.ewise("add", seq_lens_cpu, D), name="kv_indptr_host")
+        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
+    b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
+              kv_last_page_len=last_page_len, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+    return b.build()
+
+
+SPEC = BackendSpec("flashinfer", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
                    doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()")

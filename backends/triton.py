@@ -34,6 +34,8 @@ def num_kv_splits(b: SpecBuilder, seq_lens, max_splits: int = MAX_SPLITS):
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"triton.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b)
+    if mode.is_target_verify():
+        return verify(b, options.num_draft_tokens, seq_lens, rpi, req_to_token)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -45,5 +47,21 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     return b.build()
 
 
-SPEC = BackendSpec("triton", build, (ForwardMode.DECODE,),
+def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token) -> Graph:
+    """Target verify: D draft tokens per request attend to the prefix (the draft K/V are passed
+    separately); request i's tree-mask rows start at mask_indptr[i] = sum_j<i D*(seq_j + D). The
+    mask itself is written by the drafter into the engine's buffer, as engines do."""
+    with b.in_graph():
+        qo_indptr = b.arange("bs + 1", step=D, name="qo_indptr")
+        kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
+        kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
+        mask_indptr = b.cumsum(b.ewise("mul", b.ewise("add", seq_lens, D), D), name="mask_indptr")
+    with b.out_graph():
+        max_extend = b.full(D, [], I32, Placement.host, name="max_extend_len")
+    b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
+              max_extend_len=max_extend, ragged={"kv_indices": "kv_indptr"})
+    return b.build()
+
+
+SPEC = BackendSpec("triton", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
                    doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner")

@@ -38,5 +38,21 @@ class ReferenceDecodePlanner:
         return DecodePlan(bs, int(indptr_host.numpy()[-1]), self.calls)
 
 
+class ReferencePrefillPlanner:
+    """Stand-in for the prefill (verify) plan(): host qo and kv indptrs, nothing from the device."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor) -> DecodePlan:
+        for name, t in (("qo_indptr", qo_indptr_host), ("kv_indptr", kv_indptr_host)):
+            if t.device.type != "cpu":
+                raise PlanError(f"plan() needs {name} on the host; compute it in out_graph from host mirrors")
+        if qo_indptr_host.shape != kv_indptr_host.shape:
+            raise PlanError(f"qo and kv indptr differ in length: {qo_indptr_host.shape} vs {kv_indptr_host.shape}")
+        self.calls += 1
+        return DecodePlan(kv_indptr_host.shape[0] - 1, int(kv_indptr_host.numpy()[-1]), self.calls)
+
+
 def default_planners() -> dict:
-    return {"flashinfer.decode_plan": ReferenceDecodePlanner()}
+    return {"flashinfer.decode_plan": ReferenceDecodePlanner(), "flashinfer.prefill_plan": ReferencePrefillPlanner()}

@@ -8,7 +8,7 @@ from attnmeta.backends.eager.compare import compare_metadata
 from attnmeta.runtime import ForwardBatch, ForwardMode
 
 
-def padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
+def padded(fb: ForwardBatch, bs: int, mode: ForwardMode = ForwardMode.DECODE) -> ForwardBatch:
     """Live rows, then rows of fill values (seq_len 1, pool row 0)."""
     raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
     dev = fb.seq_lens.device if fb.seq_lens is not None else torch.device("cpu")
@@ -16,7 +16,7 @@ def padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
     rpi = torch.zeros(bs, dtype=torch.int64)
     if raw:
         seq[:raw], rpi[:raw] = fb.seq_lens_cpu[:raw], fb.req_pool_indices[:raw].cpu()
-    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev),
+    return ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev),
                         seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
 
 

@@ -9,19 +9,22 @@ import torch
 
 
 class EagerFlashAttentionDecode:
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1):
-        self.req_to_token, self.page_size = req_to_token, page_size
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1, draft_tokens: int = 4):
+        self.req_to_token, self.page_size, self.D = req_to_token, page_size, draft_tokens
         L = req_to_token.shape[1]
         self.strided = torch.arange(0, L, page_size, device=req_to_token.device)
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         bs, P = fb.batch_size, self.page_size
-        seq = fb.seq_lens[:bs]
+        verify = fb.forward_mode.is_target_verify()
+        T = self.D if verify else 1  # query tokens per request; in verify the D drafts' keys follow the prefix
+        extra = self.D if verify else 0
+        seq = fb.seq_lens[:bs] + extra
         cu_k = torch.nn.functional.pad(torch.cumsum(seq, 0, dtype=torch.int32), (1, 0))
-        max_k = int(fb.seq_lens_cpu[:bs].max()) if bs else 0  # host mirror: no device sync
+        max_k = int(fb.seq_lens_cpu[:bs].max()) + extra if bs else 0  # host mirror: no device sync
         n = -(-max_k // P)
         rows = fb.req_pool_indices[:bs].long()
         page_table = (self.req_to_token[rows[:, None], self.strided[:n]] // P).to(torch.int32)
         return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k,
-                               cu_seqlens_q=torch.arange(bs + 1, dtype=torch.int32, device=seq.device),
-                               page_table=page_table, max_seq_len_q=1, max_seq_len_k=max_k)
+                               cu_seqlens_q=torch.arange(0, (bs + 1) * T, T, dtype=torch.int32, device=seq.device),
+                               page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)

@@ -19,13 +19,15 @@ def gather_kv_indices(req_to_token, rpi, seq_lens, kv_indptr, total: int) -> tor
 
 
 class EagerFlashInferDecode:
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int):
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, draft_tokens: int = 4):
         dev = req_to_token.device
-        self.req_to_token = req_to_token
+        self.req_to_token, self.D = req_to_token, draft_tokens
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
         self.kv_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
+        if fb.forward_mode.is_target_verify():
+            return self.verify(fb)
         bs = fb.batch_size
         seq_lens = fb.seq_lens[:bs]
         self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens, 0)
@@ -36,3 +38,16 @@ class EagerFlashInferDecode:
         indptr_host[1:] = torch.cumsum(fb.seq_lens_cpu[:bs], 0)
         return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices,
                                kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=indptr_host)
+
+    def verify(self, fb) -> SimpleNamespace:
+        bs, D = fb.batch_size, self.D
+        kv_lens = fb.seq_lens[:bs] + D
+        kv_indptr = torch.nn.functional.pad(torch.cumsum(kv_lens, 0, dtype=torch.int32), (1, 0))
+        total = int(fb.seq_lens_cpu[:bs].sum()) + D * bs
+        kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], kv_lens, kv_indptr, total)
+        host = torch.nn.functional.pad(torch.cumsum(fb.seq_lens_cpu[:bs] + D, 0, dtype=torch.int32), (1, 0))
+        return SimpleNamespace(
+            qo_indptr=torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=kv_lens.device),
+            kv_indptr=kv_indptr, kv_indices=kv_indices,
+            mask_indptr=torch.nn.functional.pad(torch.cumsum(kv_lens * D, 0, dtype=torch.int32), (1, 0)),
+            kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=host)

@@ -12,8 +12,8 @@ from .flashinfer import gather_kv_indices
 
 
 class EagerTritonDecode:
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int, max_kv_splits: int = 8):
-        self.req_to_token, self.max_kv_splits = req_to_token, max_kv_splits
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, max_kv_splits: int = 8, draft_tokens: int = 4):
+        self.req_to_token, self.max_kv_splits, self.D = req_to_token, max_kv_splits, draft_tokens
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=req_to_token.device)
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
@@ -23,6 +23,12 @@ class EagerTritonDecode:
         kv_indptr = self.kv_indptr[: bs + 1]
         total = int(fb.seq_lens_cpu[:bs].sum())
         kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total)
+        if fb.forward_mode.is_target_verify():  # kv over the prefix only; the drafts' K/V come separately
+            D = self.D
+            return SimpleNamespace(
+                qo_indptr=torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=seq.device),
+                kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=D,
+                mask_indptr=torch.nn.functional.pad(torch.cumsum((seq + D) * D, 0, dtype=torch.int32), (1, 0)))
         if bs == 0:
             return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=seq.clone(),
                                    max_kv_splits=self.max_kv_splits)
