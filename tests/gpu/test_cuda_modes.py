@@ -1,0 +1,48 @@
+"""Real CUDA graphs for the metadata of DSV4 decode and of every backend's
+TARGET_VERIFY: captured short, replayed long and padded, == the eager twin."""
+
+import pytest
+import torch
+
+from attnmeta.backends.eager import get_eager
+from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.runtime import CudaGraph, ReplayView
+from tests.batches import make_batch, make_pool
+from tests.oracles import assert_metadata_equal, padded
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+L, ROWS, MAX_BS, D = 1024, 40, 32, 4
+V, DEC = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE
+
+
+@pytest.mark.parametrize("name,mode", [("dsv4", DEC), ("flashinfer", V), ("triton", V), ("flashattention", V)])
+def test_capture_replay_on_cuda(name, mode):
+    dev = torch.device("cuda")
+    pool = make_pool(ROWS, L, seed=1, device=dev)
+    cb = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=(8, 32), max_context_len=L,
+                                              num_draft_tokens=D, modes=(mode.name.lower(),)))
+    extra = {"full_to_swa": swa_table(ROWS * L + 1, dev)} if name == "dsv4" else {}
+    be = cb.instantiate(pool, device=dev, pools=extra)
+    cls = get_eager(name)
+    twin = cls(pool, MAX_BS, extra["full_to_swa"]) if name == "dsv4" else cls(pool, MAX_BS, draft_tokens=D)
+    for bs in (32, 8):
+        cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
+        cap.out_cache_loc = torch.zeros(bs, dtype=torch.int64, device=dev)
+        be.init_forward_metadata_out_graph(cap, in_capture=True)
+        be.init_forward_metadata_in_graph(cap)  # warm-up: compile Triton before capture
+        torch.cuda.synchronize()
+        g = CudaGraph()
+        with g.capture():
+            be.init_forward_metadata_in_graph(cap)
+        for seed, raw in [(3, bs), (4, bs - 3)]:
+            fb = make_batch(raw, L, ROWS, seed=seed, mode=mode, device=dev, max_len=L - D)
+            fb.out_cache_loc = torch.randint(0, ROWS * L, (raw,), device=dev)
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            g.replay()
+            torch.cuda.synchronize()
+            full = padded(fb, bs, mode)
+            full.out_cache_loc = torch.zeros(bs, dtype=torch.int64, device=dev)
+            full.out_cache_loc[:raw] = fb.out_cache_loc
+            lens = full.seq_lens_cpu + (D if name == "flashattention" else 0)
+            assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens)
