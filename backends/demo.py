@@ -9,12 +9,12 @@ import attrs
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DecodeModel, ForwardBatch, ForwardMode, GraphRunner
+from attnmeta.runtime import DecodeModel, GraphRunner
 from attnmeta.runtime.attention import attention_from_pool
 from attnmeta.runtime.serving import ServingSim
 
 from .eager import get_eager
-from .eager.compare import compare_metadata
+from .eager.compare import compare_metadata, padded
 
 
 @attrs.define
@@ -32,15 +32,6 @@ class DemoResult:
     compile_s: float = 0.0
     loop_s: float = 0.0
     failures: list = attrs.Factory(list)
-
-
-def padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
-    """The batch the graph computed on: live rows, then fill rows (seq_len 1, pool row 0)."""
-    raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
-    seq, rpi = torch.ones(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
-    seq[:raw], rpi[:raw] = fb.seq_lens_cpu[:raw], fb.req_pool_indices[:raw].cpu()
-    dev = fb.seq_lens.device
-    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), seq_lens_cpu=seq)
 
 
 def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, max_context_len: int = 256,

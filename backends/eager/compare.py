@@ -4,6 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from attnmeta.runtime import ForwardBatch, ForwardMode
+
+
+def padded(fb: ForwardBatch, bs: int, mode: ForwardMode = ForwardMode.DECODE) -> ForwardBatch:
+    """The batch a graph of size ``bs`` computes on: the live rows, then rows of the specs' fill
+    values (sequence length 1, pool row 0, KV slot 0). IDLE has no live rows."""
+    raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
+    dev = fb.seq_lens.device if fb.seq_lens is not None else torch.device("cpu")
+    seq, rpi = torch.ones(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
+    loc = torch.zeros(bs, dtype=torch.int64)
+    if raw:
+        seq[:raw], rpi[:raw] = fb.seq_lens_cpu[:raw], fb.req_pool_indices[:raw].cpu()
+        if fb.out_cache_loc is not None:
+            loc[:raw] = fb.out_cache_loc[:raw].cpu()
+    return ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), seq_lens_cpu=seq,
+                        seq_lens_sum=int(seq.sum()), out_cache_loc=loc.to(dev))
+
 
 def compare_metadata(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) -> list[str]:
     """Fields of the twin's metadata that differ from the compiled one, bit-exact on what is
