@@ -12,3 +12,8 @@ def decode_inputs(b: SpecBuilder) -> tuple[V, V, V]:
     rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
     req_to_token = b.pool("req_to_token", DType.int32, ["R", "L"])
     return seq_lens, rpi, req_to_token
+
+
+def extend_lens(b: SpecBuilder) -> V:
+    """Draft extend: the accepted tokens per request (accept_length + 1). Padded rows extend by one."""
+    return b.input("extend_seq_lens", DType.int32, ["bs"], fill=1, mirror="extend_seq_lens_cpu")

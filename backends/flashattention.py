@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs
+from .common import decode_inputs, extend_lens
 
 I32, I64 = DType.int32, DType.int64
 
@@ -19,12 +19,16 @@ I32, I64 = DType.int32, DType.int64
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashattention.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b)
-    T = options.num_draft_tokens if mode.is_target_verify() else 1  # query tokens per request
+    T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
+    ext = extend_lens(b) if mode.is_draft_extend() else None
     with b.in_graph():
         # verify: the D draft tokens' keys are in the cache too, after the prefix
         kv_lens = b.ewise("add", seq_lens, T) if mode.is_target_verify() else seq_lens
         cache_seqlens = b.copy(kv_lens, name="cache_seqlens_int32")
-        cu_seqlens_q = b.arange("bs + 1", step=T, name="cu_seqlens_q")
+        if ext is None:
+            cu_seqlens_q = b.arange("bs + 1", step=T, name="cu_seqlens_q")
+        else:  # draft extend: queries are the accepted tokens, at most T per request
+            cu_seqlens_q = b.cumsum(ext, name="cu_seqlens_q")
         cu_seqlens_k = b.cumsum(kv_lens, name="cu_seqlens_k")
         page_table = b.page_table(req_to_token, rpi, kv_lens, page_size=options.page_size, width="W",
                                   name="page_table")
@@ -36,5 +40,5 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     return b.build()
 
 
-SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
+SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs
+from .common import decode_inputs, extend_lens
 
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
@@ -24,6 +24,8 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     seq_lens_cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
     if mode.is_target_verify():
         return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
+    if mode.is_draft_extend():
+        return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -57,5 +59,24 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token) ->
     return b.build()
 
 
-SPEC = BackendSpec("flashinfer", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
+def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token) -> Graph:
+    """Draft extend (EAGLE): queries are the accepted tokens (qo_indptr from extend_seq_lens), keys
+    the whole sequence. plan() gets host-known indptrs: the static stride T for queries and the
+    host mirror for keys, so replay never copies device indptrs back."""
+    ext = extend_lens(b)
+    with b.in_graph():
+        qo_indptr = b.cumsum(ext, name="qo_indptr")
+        kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
+        kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
+        last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
+    with b.out_graph():
+        qo_host = b.arange("bs + 1", step=T, placement=Placement.host, name="qo_indptr_host")
+        kv_host = b.cumsum(seq_lens_cpu, name="kv_indptr_host")
+        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
+    b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
+              kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+    return b.build()
+
+
+SPEC = BackendSpec("flashinfer", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs
+from .common import decode_inputs, extend_lens
 
 I32, I64 = DType.int32, DType.int64
 MAX_SPLITS = 8
@@ -36,6 +36,8 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     seq_lens, rpi, req_to_token = decode_inputs(b)
     if mode.is_target_verify():
         return verify(b, options.num_draft_tokens, seq_lens, rpi, req_to_token)
+    if mode.is_draft_extend():
+        return draft_extend(b, options.num_draft_tokens, seq_lens, rpi, req_to_token)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -63,5 +65,21 @@ def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token) -> Graph:
     return b.build()
 
 
-SPEC = BackendSpec("triton", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
+def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token) -> Graph:
+    """Draft extend: T query slots per request (a fixed stride, so the graph is static), keys over
+    the tokens before the extension: kv_len = max(seq_lens - extend_seq_lens, 0)."""
+    ext = extend_lens(b)
+    with b.in_graph():
+        kv_lens = b.ewise("max", b.ewise("sub", seq_lens, ext), 0)
+        qo_indptr = b.arange("bs + 1", step=T, name="qo_indptr")
+        kv_indptr = b.cumsum(kv_lens, name="kv_indptr")
+        kv_indices = b.ragged_gather(req_to_token, rpi, kv_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
+    with b.out_graph():
+        max_extend = b.full(T, [], I32, Placement.host, name="max_extend_len")
+    b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=max_extend,
+              ragged={"kv_indices": "kv_indptr"})
+    return b.build()
+
+
+SPEC = BackendSpec("triton", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner")

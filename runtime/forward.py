@@ -58,10 +58,12 @@ class ReplayView:
     out_cache_loc: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     spec_info: Any = None
+    extend_seq_lens: torch.Tensor | None = None
+    extend_seq_lens_cpu: torch.Tensor | None = None
 
     @classmethod
     def of(cls, fb: ForwardBatch, bs: int) -> ReplayView:
         raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
         return cls(bs, fb.forward_mode.graph_key, fb.forward_mode, raw, fb.req_pool_indices,
                    fb.req_pool_indices_cpu, fb.seq_lens, fb.seq_lens_cpu, fb.seq_lens_sum, fb.out_cache_loc,
-                   fb.positions, fb.spec_info)
+                   fb.positions, fb.spec_info, fb.extend_seq_lens, fb.extend_seq_lens_cpu)

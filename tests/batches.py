@@ -31,6 +31,8 @@ def interp_inputs(fb: ForwardBatch, bs: int, req_to_token: torch.Tensor, fills: 
     for name, fill in fills.items():
         src = getattr(fb, name)
         pad = torch.full((bs - raw,), fill, dtype=torch.int64 if name == "req_pool_indices" else torch.int32)
+        if src is None and name.endswith("_cpu"):
+            src = getattr(fb, name[: -len("_cpu")])
         live = src[:raw].cpu() if src is not None else pad[:0]
         out[name] = torch.cat([live, pad.to(live.dtype)])
     return out

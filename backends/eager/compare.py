@@ -14,12 +14,16 @@ def padded(fb: ForwardBatch, bs: int, mode: ForwardMode = ForwardMode.DECODE) ->
     dev = fb.seq_lens.device if fb.seq_lens is not None else torch.device("cpu")
     seq, rpi = torch.ones(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
     loc = torch.zeros(bs, dtype=torch.int64)
+    ext = torch.ones(bs, dtype=torch.int32)
     if raw:
         seq[:raw], rpi[:raw] = fb.seq_lens_cpu[:raw], fb.req_pool_indices[:raw].cpu()
         if fb.out_cache_loc is not None:
             loc[:raw] = fb.out_cache_loc[:raw].cpu()
+        if fb.extend_seq_lens_cpu is not None:
+            ext[:raw] = fb.extend_seq_lens_cpu[:raw]
     return ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), seq_lens_cpu=seq,
-                        seq_lens_sum=int(seq.sum()), out_cache_loc=loc.to(dev))
+                        seq_lens_sum=int(seq.sum()), out_cache_loc=loc.to(dev), extend_seq_lens=ext.to(dev),
+                        extend_seq_lens_cpu=ext)
 
 
 def compare_metadata(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) -> list[str]:

@@ -17,7 +17,8 @@ class EagerFlashAttentionDecode:
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         bs, P = fb.batch_size, self.page_size
         verify = fb.forward_mode.is_target_verify()
-        T = self.D if verify else 1  # query tokens per request; in verify the D drafts' keys follow the prefix
+        spec = verify or fb.forward_mode.is_draft_extend()
+        T = self.D if spec else 1  # query tokens per request; in verify the D drafts' keys follow the prefix
         extra = self.D if verify else 0
         seq = fb.seq_lens[:bs] + extra
         cu_k = torch.nn.functional.pad(torch.cumsum(seq, 0, dtype=torch.int32), (1, 0))
@@ -25,6 +26,8 @@ class EagerFlashAttentionDecode:
         n = -(-max_k // P)
         rows = fb.req_pool_indices[:bs].long()
         page_table = (self.req_to_token[rows[:, None], self.strided[:n]] // P).to(torch.int32)
-        return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k,
-                               cu_seqlens_q=torch.arange(0, (bs + 1) * T, T, dtype=torch.int32, device=seq.device),
+        cu_q = torch.arange(0, (bs + 1) * T, T, dtype=torch.int32, device=seq.device)
+        if fb.forward_mode.is_draft_extend():  # queries: the accepted tokens of each request
+            cu_q = torch.nn.functional.pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0))
+        return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
                                page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)

@@ -28,6 +28,8 @@ class EagerFlashInferDecode:
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         if fb.forward_mode.is_target_verify():
             return self.verify(fb)
+        if fb.forward_mode.is_draft_extend():
+            return self.draft_extend(fb)
         bs = fb.batch_size
         seq_lens = fb.seq_lens[:bs]
         self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens, 0)
@@ -51,3 +53,16 @@ class EagerFlashInferDecode:
             kv_indptr=kv_indptr, kv_indices=kv_indices,
             mask_indptr=torch.nn.functional.pad(torch.cumsum(kv_lens * D, 0, dtype=torch.int32), (1, 0)),
             kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=host)
+
+    def draft_extend(self, fb) -> SimpleNamespace:
+        bs = fb.batch_size
+        seq = fb.seq_lens[:bs]
+        pad = torch.nn.functional.pad
+        kv_indptr = pad(torch.cumsum(seq, 0, dtype=torch.int32), (1, 0))
+        total = int(fb.seq_lens_cpu[:bs].sum())
+        return SimpleNamespace(
+            qo_indptr=pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0)),
+            kv_indptr=kv_indptr,
+            kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total),
+            kv_last_page_len=self.kv_last_page_len[:bs],
+            kv_indptr_host=pad(torch.cumsum(fb.seq_lens_cpu[:bs], 0, dtype=torch.int32), (1, 0)))

@@ -19,6 +19,14 @@ class EagerTritonDecode:
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         bs = fb.batch_size
         seq = fb.seq_lens[:bs]
+        if fb.forward_mode.is_draft_extend():  # keys: the tokens before the extension
+            kv = (seq - fb.extend_seq_lens[:bs]).clamp(min=0).to(torch.int32)
+            indptr = torch.nn.functional.pad(torch.cumsum(kv, 0, dtype=torch.int32), (1, 0))
+            total = int((fb.seq_lens_cpu[:bs] - fb.extend_seq_lens_cpu[:bs]).clamp(min=0).sum())
+            return SimpleNamespace(
+                qo_indptr=torch.arange(0, (bs + 1) * self.D, self.D, dtype=torch.int32, device=seq.device),
+                kv_indptr=indptr, max_extend_len=self.D,
+                kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], kv, indptr, total))
         self.kv_indptr[1 : bs + 1] = torch.cumsum(seq, 0)
         kv_indptr = self.kv_indptr[: bs + 1]
         total = int(fb.seq_lens_cpu[:bs].sum())

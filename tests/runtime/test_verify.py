@@ -1,5 +1,6 @@
-"""TARGET_VERIFY for every backend: compiled capture/replay == eager twin
-== interpreter, with padding, unlike-capture replays and hand-computed cases."""
+"""TARGET_VERIFY and DRAFT_EXTEND for every backend: compiled capture/replay
+== eager twin == interpreter, with padding, unlike-capture replays and
+hand-computed cases."""
 
 import pytest
 import torch
@@ -14,6 +15,16 @@ from tests.oracles import assert_metadata_equal, padded
 L, ROWS, MAX_BS, SIZES, D = 64, 16, 8, (1, 3, 8), 3
 V = ForwardMode.TARGET_VERIFY
 FILLS = {"seq_lens": 1, "seq_lens_cpu": 1, "req_pool_indices": 0}
+E = ForwardMode.DRAFT_EXTEND
+
+
+def with_extend(fb, seed):
+    """Accepted tokens per request: 1..D, never more than the sequence."""
+    g = torch.Generator().manual_seed(seed)
+    ext = torch.randint(1, D + 1, (fb.batch_size,), generator=g, dtype=torch.int32)
+    fb.extend_seq_lens_cpu = torch.minimum(ext, fb.seq_lens_cpu)
+    fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(fb.seq_lens.device)
+    return fb
 CASES = [("flashinfer", 1), ("triton", 1), ("flashattention", 1), ("flashattention", 16)]
 
 
@@ -24,23 +35,26 @@ def twin(name, pool, page_size):
     return cls(pool, MAX_BS, draft_tokens=D)
 
 
+@pytest.mark.parametrize("mode", [V, E], ids=["target_verify", "draft_extend"])
 @pytest.mark.parametrize("name,page_size", CASES)
-def test_verify_capture_and_replay_match_the_twin(name, page_size):
+def test_spec_modes_capture_and_replay_match_the_twin(name, page_size, mode):
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, page_size=page_size,
-                          num_draft_tokens=D, modes=("target_verify",))
+                          num_draft_tokens=D, modes=(mode.name.lower(),))
     cb = compile_backend(name, opts)
     pool = make_pool(ROWS, L, seed=page_size)
+    fills = {**FILLS, "extend_seq_lens": 1, "extend_seq_lens_cpu": 1} if mode is E else FILLS
     for bs in SIZES:
         be = cb.instantiate(pool)
-        g = capture(be, make_batch(bs, L, ROWS, seed=bs, max_len=3, mode=V))
+        g = capture(be, with_extend(make_batch(bs, L, ROWS, seed=bs, max_len=3, mode=mode), bs))
         for seed, raw in [(21, bs), (22, bs - 1)]:
-            fb = make_batch(raw, L, ROWS, seed=seed, mode=V, max_len=L - D)  # prefix + D drafts fit in L
+            fb = with_extend(make_batch(raw, L, ROWS, seed=seed, mode=mode, max_len=L - D), seed)  # + D fits in L
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
-            full = padded(fb, bs, V)
+            full = padded(fb, bs, mode)
+            lens = full.seq_lens_cpu + (D if name == "flashattention" and mode is V else 0)
             assert_metadata_equal(be.forward_metadata, twin(name, pool, page_size).init_forward_metadata(full),
-                                  full.seq_lens_cpu + (D if name == "flashattention" else 0), page_size)
-            want = eval_graph(cb.plan(V, bs).graph, interp_inputs(fb, bs, pool, FILLS))
+                                  lens, page_size)
+            want = eval_graph(cb.plan(mode, bs).graph, interp_inputs(fb, bs, pool, fills))
             for field in ("qo_indptr", "kv_indptr", "mask_indptr", "cu_seqlens_q", "cu_seqlens_k", "page_table"):
                 if field in want:
                     assert torch.equal(getattr(be.forward_metadata, field), want[field]), field
