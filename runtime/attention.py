@@ -83,6 +83,10 @@ class DecodeModel:
 
     def forward(self, meta, bs: int) -> torch.Tensor:
         q, out = self.q[:bs], self.out[:bs]
+        if hasattr(getattr(meta, "plan", None), "run"):  # a FlashInfer wrapper planned this step
+            from .flashinfer_adapter import run_decode
+
+            return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
         if hasattr(meta, "num_kv_splits"):
             if self._triton is None:
                 from .triton_attention import TritonDecodeAttention
