@@ -68,10 +68,11 @@ class DecodeModel:
     by whichever kernel reads that backend's fields: the Triton split-KV kernel for
     ``num_kv_splits``, page-table attention for ``page_table``, else indptr/indices attention."""
 
-    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, page_size: int = 1, max_kv_splits: int = 8):
+    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, page_size: int = 1, max_kv_splits: int = 8,
+                 q_heads: int | None = None):
         self.k_cache, self.v_cache, self.max_len, self.page_size = k_cache, v_cache, max_len, page_size
-        H, Dh = k_cache.shape[1:]
-        self.q = torch.zeros(max_bs, H, Dh, dtype=k_cache.dtype, device=k_cache.device)
+        H, Dh = k_cache.shape[1:]  # query heads default to the KV heads; more is grouped-query attention
+        self.q = torch.zeros(max_bs, q_heads or H, Dh, dtype=k_cache.dtype, device=k_cache.device)
         self.out = torch.zeros_like(self.q)
         self._triton = None
         self._splits = max_kv_splits

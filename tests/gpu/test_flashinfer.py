@@ -26,7 +26,7 @@ def test_flashinfer_replay_matches_the_oracle():
     k = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
     v = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
     FlashInferDecodeAdapter(be, 8, 2, 128)
-    runner = GraphRunner(be, DecodeModel(k.bfloat16(), v.bfloat16(), MAX_BS, L), SIZES, dev)
+    runner = GraphRunner(be, DecodeModel(k.bfloat16(), v.bfloat16(), MAX_BS, L, q_heads=8), SIZES, dev)
     runner.capture()  # largest first: later, smaller plans reuse a workspace a larger plan wrote
     for step, raw in enumerate([64, 5, 16, 1, 0, 60, 9]):
         fb = make_batch(raw, L, ROWS, seed=step, device=dev) if raw else ForwardBatch(ForwardMode.IDLE, 0)
