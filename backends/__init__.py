@@ -6,7 +6,8 @@ from . import dsv4, flashattention, flashinfer, triton
 from .tbo import tbo
 
 _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC)
-_SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), dsv4.SPEC)}
+_EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC)
+_SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}
 
 
 def list_backends() -> list[str]:

@@ -17,3 +17,14 @@ def decode_inputs(b: SpecBuilder) -> tuple[V, V, V]:
 def extend_lens(b: SpecBuilder) -> V:
     """Draft extend: the accepted tokens per request (accept_length + 1). Padded rows extend by one."""
     return b.input("extend_seq_lens", DType.int32, ["bs"], fill=1, mirror="extend_seq_lens_cpu")
+
+
+def prefix_lens(b: SpecBuilder) -> V:
+    """Extend: tokens already in the cache before this chunk."""
+    return b.input("extend_prefix_lens", DType.int32, ["bs"], fill=0, mirror="extend_prefix_lens_cpu")
+
+
+def verify_mask(b: SpecBuilder, D: int) -> V:
+    """The tree-mask buffer the drafter writes before each verify replay: D rows of (prefix + D)
+    per request, at most max_bs*D*(L + D) entries, all True until written (padded rows see True)."""
+    return b.full(1, [f"max_bs*{D}*(L + {D})"], DType.bool, name="custom_mask")

@@ -42,3 +42,26 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
 
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W")
+
+
+def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
+    """Draft decode, S steps of one token each (topk 1): step i attends to the prefix plus the
+    i + 1 tokens drafted so far. All steps' metadata is built in one graph before the drafter's
+    steps run; page tables keep the static width W with row guards."""
+    b = SpecBuilder(f"flashattention_draft.{mode.name.lower()}")
+    seq_lens, rpi, req_to_token = decode_inputs(b)
+    out = {}
+    with b.in_graph():
+        out["cu_seqlens_q"] = b.arange("bs + 1", name="cu_seqlens_q")
+        for i in range(options.num_steps):
+            lens = out[f"step{i}_cache_seqlens_int32"] = b.ewise("add", seq_lens, i + 1)
+            out[f"step{i}_cu_seqlens_k"] = b.cumsum(lens)
+            out[f"step{i}_page_table"] = b.page_table(req_to_token, rpi, lens, page_size=options.page_size, width="W")
+    with b.out_graph():
+        out["max_seq_len_q"] = b.full(1, [], I32, Placement.host)
+    b.outputs(**out)
+    return b.build()
+
+
+DRAFT_SPEC = BackendSpec("flashattention_draft", build_draft, (ForwardMode.DECODE,),
+                         doc="FlashAttention draft decode: every step's metadata, S steps, topk 1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens
+from .common import decode_inputs, extend_lens, prefix_lens, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
@@ -26,6 +26,8 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
     if mode.is_draft_extend():
         return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
+    if mode is ForwardMode.EXTEND:
+        return extend(b, rpi, req_to_token)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -49,12 +51,14 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token) ->
         kv_indptr = b.cumsum(kv_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, kv_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         mask_indptr = b.cumsum(b.ewise("mul", kv_lens, D), name="mask_indptr")
+        custom_mask = verify_mask(b, D)
         last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
     with b.out_graph():
         qo_host = b.arange("bs + 1", step=D, placement=Placement.host, name="qo_indptr_host")
         kv_host = b.cumsum(b.ewise("add", seq_lens_cpu, D), name="kv_indptr_host")
         plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
+              custom_mask=custom_mask,
               kv_last_page_len=last_page_len, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
     return b.build()
 
@@ -78,5 +82,27 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_tok
     return b.build()
 
 
-SPEC = BackendSpec("flashinfer", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
+def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
+    """Extend (prefill), run eagerly: the new tokens attend to themselves (ragged, qo_indptr for q
+    and k) and to the cached prefix (paged: kv over extend_prefix_lens). Host indptrs for plan()
+    come from the host mirrors."""
+    ext, prefix = extend_lens(b), prefix_lens(b)
+    ext_cpu = b.input("extend_seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
+    prefix_cpu = b.input("extend_prefix_lens_cpu", I32, ["bs"], Placement.host, fill=0)
+    with b.in_graph():
+        qo_indptr = b.cumsum(ext, name="qo_indptr")
+        kv_indptr = b.cumsum(prefix, name="kv_indptr")
+        kv_indices = b.ragged_gather(req_to_token, rpi, prefix, kv_indptr, capacity="max_bs*L", name="kv_indices")
+        last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
+    with b.out_graph():
+        qo_host = b.cumsum(ext_cpu, name="qo_indptr_host")
+        kv_host = b.cumsum(prefix_cpu, name="kv_indptr_host")
+        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
+    b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
+              qo_indptr_host=qo_host, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+    return b.build()
+
+
+MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND)
+SPEC = BackendSpec("flashinfer", build, MODES,
                    doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()")

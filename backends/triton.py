@@ -15,7 +15,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens
+from .common import decode_inputs, extend_lens, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 MAX_SPLITS = 8
@@ -58,9 +58,11 @@ def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token) -> Graph:
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         mask_indptr = b.cumsum(b.ewise("mul", b.ewise("add", seq_lens, D), D), name="mask_indptr")
+        custom_mask = verify_mask(b, D)
     with b.out_graph():
         max_extend = b.full(D, [], I32, Placement.host, name="max_extend_len")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
+              custom_mask=custom_mask,
               max_extend_len=max_extend, ragged={"kv_indices": "kv_indptr"})
     return b.build()
 

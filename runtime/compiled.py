@@ -158,8 +158,8 @@ class CompiledAttentionBackend(AttentionBackend):
             if i.role is Role.batch:
                 values[i.name] = self._view(self.inputs[(mode, i.name)], i.type, env)
         field_of = {o.value: o.field for o in g.outputs}
-        for name in plan.consts:  # evaluated once per plan, then kept: they never change
-            key = (mode, plan.graph.env["bs"], name)
+        for name in plan.consts:  # evaluated once, then kept: they never change (and buffers the
+            key = (mode, name, nodes[name].type)  # engine writes into, like the verify mask, stay written)
             if key not in self.consts:
                 n = nodes[name]
                 buf = self.outbufs.get(field_of.get(name, ""))

@@ -1,12 +1,12 @@
 """Hand-written eager twins of the specs: baselines and independent oracles."""
 
 from .dsv4 import EagerDSV4Decode
-from .flashattention import EagerFlashAttentionDecode
+from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft
 from .flashinfer import EagerFlashInferDecode
 from .triton import EagerTritonDecode
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttentionDecode,
-         "triton": EagerTritonDecode, "dsv4": EagerDSV4Decode}
+         "triton": EagerTritonDecode, "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft}
 
 
 def get_eager(name: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import attrs
 import torch
 
 
@@ -31,3 +32,22 @@ class EagerFlashAttentionDecode:
             cu_q = torch.nn.functional.pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0))
         return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
                                page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)
+
+
+class EagerFlashAttentionDraft:
+    """Draft decode steps, the way a multi-step draft backend loops over its steps."""
+
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1, num_steps: int = 3):
+        self.step = EagerFlashAttentionDecode(req_to_token, max_bs, page_size)
+        self.num_steps = num_steps
+
+    def init_forward_metadata(self, fb) -> SimpleNamespace:
+        out = SimpleNamespace(max_seq_len_q=1)
+        for i in range(self.num_steps):
+            m = self.step.init_forward_metadata(attrs.evolve(fb, seq_lens=fb.seq_lens + i + 1,
+                                                             seq_lens_cpu=fb.seq_lens_cpu + i + 1))
+            out.cu_seqlens_q = m.cu_seqlens_q
+            setattr(out, f"step{i}_cache_seqlens_int32", m.cache_seqlens_int32)
+            setattr(out, f"step{i}_cu_seqlens_k", m.cu_seqlens_k)
+            setattr(out, f"step{i}_page_table", m.page_table)
+        return out

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
+from attnmeta.compiler.modes import ForwardMode
+
 
 def gather_kv_indices(req_to_token, rpi, seq_lens, kv_indptr, total: int) -> torch.Tensor:
     """Flat token-slot indices of every request's prefix, vectorised torch."""
@@ -30,6 +32,8 @@ class EagerFlashInferDecode:
             return self.verify(fb)
         if fb.forward_mode.is_draft_extend():
             return self.draft_extend(fb)
+        if fb.forward_mode is ForwardMode.EXTEND:
+            return self.extend(fb)
         bs = fb.batch_size
         seq_lens = fb.seq_lens[:bs]
         self.kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens, 0)
@@ -66,3 +70,16 @@ class EagerFlashInferDecode:
             kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total),
             kv_last_page_len=self.kv_last_page_len[:bs],
             kv_indptr_host=pad(torch.cumsum(fb.seq_lens_cpu[:bs], 0, dtype=torch.int32), (1, 0)))
+
+    def extend(self, fb) -> SimpleNamespace:
+        bs, pad = fb.batch_size, torch.nn.functional.pad
+        prefix = fb.extend_prefix_lens[:bs]
+        kv_indptr = pad(torch.cumsum(prefix, 0, dtype=torch.int32), (1, 0))
+        total = int(fb.extend_prefix_lens_cpu[:bs].sum())
+        return SimpleNamespace(
+            qo_indptr=pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0)),
+            kv_indptr=kv_indptr,
+            kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], prefix, kv_indptr, total),
+            kv_last_page_len=self.kv_last_page_len[:bs],
+            qo_indptr_host=pad(torch.cumsum(fb.extend_seq_lens_cpu[:bs], 0, dtype=torch.int32), (1, 0)),
+            kv_indptr_host=pad(torch.cumsum(fb.extend_prefix_lens_cpu[:bs], 0, dtype=torch.int32), (1, 0)))

@@ -13,10 +13,14 @@ from tests.oracles import assert_metadata_equal, padded
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 L, ROWS, MAX_BS, D = 1024, 40, 32, 4
-V, DEC = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE
+V, DEC, E = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND
 
 
-@pytest.mark.parametrize("name,mode", [("dsv4", DEC), ("flashinfer", V), ("triton", V), ("flashattention", V)])
+CASES = [("dsv4", DEC), ("flashinfer", V), ("triton", V), ("flashattention", V), ("flashinfer", E), ("triton", E),
+         ("flashattention", E)]
+
+
+@pytest.mark.parametrize("name,mode", CASES)
 def test_capture_replay_on_cuda(name, mode):
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=1, device=dev)
@@ -29,6 +33,8 @@ def test_capture_replay_on_cuda(name, mode):
     for bs in (32, 8):
         cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
         cap.out_cache_loc = torch.zeros(bs, dtype=torch.int64, device=dev)
+        cap.extend_seq_lens_cpu = torch.ones(bs, dtype=torch.int32)
+        cap.extend_seq_lens = cap.extend_seq_lens_cpu.to(dev)
         be.init_forward_metadata_out_graph(cap, in_capture=True)
         be.init_forward_metadata_in_graph(cap)  # warm-up: compile Triton before capture
         torch.cuda.synchronize()
@@ -38,6 +44,8 @@ def test_capture_replay_on_cuda(name, mode):
         for seed, raw in [(3, bs), (4, bs - 3)]:
             fb = make_batch(raw, L, ROWS, seed=seed, mode=mode, device=dev, max_len=L - D)
             fb.out_cache_loc = torch.randint(0, ROWS * L, (raw,), device=dev)
+            fb.extend_seq_lens_cpu = torch.minimum(torch.randint(1, D + 1, (raw,), dtype=torch.int32), fb.seq_lens_cpu)
+            fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(dev)
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
             torch.cuda.synchronize()

@@ -2,6 +2,8 @@
 replay == eager twin == interpreter, with padded sizes, IDLE, and replays
 unlike the capture (short context captured, long context replayed)."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -109,3 +111,26 @@ def test_triton_split_heuristic_hand_computed(seqs, splits):
     be.init_forward_metadata(fb)
     assert be.forward_metadata.num_kv_splits.tolist() == splits
     assert get_eager("triton")(make_pool(ROWS, L), 4).init_forward_metadata(fb).num_kv_splits.tolist() == splits
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_flashattention_draft_steps_match_the_twin(page_size):
+    cb = compile_backend("flashattention_draft", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                               page_size=page_size, num_steps=3))
+    pool = make_pool(ROWS, L, seed=7)
+    twin = get_eager("flashattention_draft")(pool, MAX_BS, page_size, num_steps=3)
+    for bs in SIZES:
+        be = cb.instantiate(pool)
+        g = capture(be, make_batch(bs, L, ROWS, seed=bs, max_len=4))
+        for seed, raw in [(31, bs), (32, bs - 1)]:
+            fb = make_batch(raw, L, ROWS, seed=seed, max_len=L - 3)  # room for the 3 drafted tokens
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            g.replay()
+            full = padded(fb, bs)
+            ref = twin.init_forward_metadata(full)
+            for i in range(3):  # each step's fields, compared as one step's metadata
+                keys = [k for k in vars(ref) if k.startswith(f"step{i}_")]
+                want = SimpleNamespace(**{k.split("_", 1)[1]: getattr(ref, k) for k in keys})
+                got = SimpleNamespace(**{k.split("_", 1)[1]: getattr(be.forward_metadata, k) for k in keys})
+                assert_metadata_equal(got, want, full.seq_lens_cpu + i + 1, page_size)
+            assert torch.equal(be.forward_metadata.cu_seqlens_q, ref.cu_seqlens_q)

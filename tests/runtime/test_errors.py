@@ -50,8 +50,8 @@ def test_pool_of_wrong_width():
 
 
 def test_unsupported_mode_and_bad_options():
-    with pytest.raises(OptionsError, match="does not support modes \\['extend'\\]"):
-        compile_backend("flashinfer", CompileOptions(modes=("extend",)))
+    with pytest.raises(OptionsError, match="does not support modes \\['mixed'\\]"):
+        compile_backend("flashinfer", CompileOptions(modes=("mixed",)))
     with pytest.raises(OptionsError, match="capture sizes \\[300\\] are outside 1..max_bs=256"):
         CompileOptions(capture_sizes=(8, 300))
     with pytest.raises(OptionsError, match="page_size must be a power of two"):

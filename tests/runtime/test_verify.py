@@ -72,3 +72,40 @@ def test_verify_hand_computed_flashinfer():
     assert m.kv_indptr.tolist() == [0, 5, 12]  # prefix + 2 drafts each
     assert m.mask_indptr.tolist() == [0, 10, 24]  # 2 rows x (3+2), then 2 x (5+2)
     assert m.kv_indptr_host.tolist() == [0, 5, 12] and m.plan.total_kv == 12
+
+
+def test_verify_mask_buffer_is_static_and_keeps_what_the_drafter_writes():
+    """The drafter writes the tree mask into the backend's buffer before replay (as engines do):
+    the buffer is allocated once at capacity, padded with True, and never refilled by a step."""
+    for name in ("flashinfer", "triton"):
+        cb = compile_backend(name, CompileOptions(max_bs=4, capture_sizes=(2, 4), max_context_len=L,
+                                                  num_draft_tokens=D, modes=("target_verify",)))
+        be = cb.instantiate(make_pool(ROWS, L))
+        g = capture(be, make_batch(4, L, ROWS, seed=1, mode=V))
+        mask = be.forward_metadata.custom_mask
+        assert mask.dtype == torch.bool and mask.numel() == 4 * D * (L + D) and bool(mask.all())
+        mask[:7] = False  # the drafter's rows for this step
+        be.init_forward_metadata_out_graph(ReplayView.of(make_batch(3, L, ROWS, seed=2, mode=V), 4))
+        g.replay()
+        be.init_forward_metadata(make_batch(2, L, ROWS, seed=3, mode=V))  # another size, eagerly
+        for m in (be.bound(V, 4).meta, be.bound(V, 2).meta):
+            assert m.custom_mask.data_ptr() == mask.data_ptr()
+        assert not bool(mask[:7].any()) and bool(mask[7:].all())
+
+
+def test_extend_runs_eagerly_and_matches_the_twin():
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                     modes=("decode", "extend")))
+    pool = make_pool(ROWS, L, seed=5)
+    be = cb.instantiate(pool)
+    for raw in (1, 4, 8):
+        fb = make_batch(raw, L, ROWS, seed=raw, mode=ForwardMode.EXTEND)
+        g = torch.Generator().manual_seed(raw)
+        ext = torch.minimum(torch.randint(1, 20, (raw,), generator=g, dtype=torch.int32), fb.seq_lens_cpu)
+        fb.extend_seq_lens_cpu, fb.extend_seq_lens = ext, ext.clone()
+        fb.extend_prefix_lens_cpu = fb.seq_lens_cpu - ext
+        fb.extend_prefix_lens = fb.extend_prefix_lens_cpu.clone()
+        be.init_forward_metadata(fb)
+        ref = get_eager("flashinfer")(pool, MAX_BS).init_forward_metadata(fb)
+        assert_metadata_equal(be.forward_metadata, ref, fb.extend_prefix_lens_cpu)
+        assert be.forward_metadata.plan.total_kv == int(fb.extend_prefix_lens_cpu.sum())
