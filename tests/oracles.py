@@ -10,4 +10,5 @@ __all__ = ["assert_metadata_equal", "padded"]
 
 
 def assert_metadata_equal(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) -> None:
-    assert compare_metadata(meta, ref, seq_lens_cpu, page_size) == []
+    bad = compare_metadata(meta, ref, seq_lens_cpu, page_size)
+    assert bad == [], f"fields differing from the eager twin: {bad}"
