@@ -3,10 +3,11 @@
 from attnmeta.compiler import BackendSpec
 
 from . import dsv4, flashattention, flashinfer, triton
+from .multistep import multistep
 from .tbo import tbo
 
 _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC)
-_EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC)
+_EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC, multistep(flashinfer.SPEC), multistep(triton.SPEC))
 _SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}
 
 

@@ -157,14 +157,19 @@ class CompiledAttentionBackend(AttentionBackend):
         for i in g.inputs:
             if i.role is Role.batch:
                 values[i.name] = self._view(self.inputs[(mode, i.name)], i.type, env)
-        field_of = {o.value: o.field for o in g.outputs}
+        fields_of: dict[str, list[str]] = {}
+        for o in g.outputs:
+            fields_of.setdefault(o.value, []).append(o.field)
         for name in plan.consts:  # evaluated once, then kept: they never change (and buffers the
-            key = (mode, name, nodes[name].type)  # engine writes into, like the verify mask, stay written)
-            if key not in self.consts:
-                n = nodes[name]
-                buf = self.outbufs.get(field_of.get(name, ""))
-                self.consts[key] = eval_const(n, self.device, None if buf is None else self._view(buf, n.type, env))
-            values[name] = self.consts[key]
+            n = nodes[name]  # engine writes into, like the verify mask, stay written)
+            # one constant may serve several fields (cse merges equal ones): each field's buffer gets it
+            targets = [f for f in fields_of.get(name, []) if f in self.outbufs] or [None]
+            for f in targets:
+                key = (mode, f or name, n.type)
+                if key not in self.consts:
+                    out = None if f is None else self._view(self.outbufs[f], n.type, env)
+                    self.consts[key] = eval_const(n, self.device, out)
+            values[name] = self.consts[(mode, targets[0] or name, n.type)]
         generic = self.compiled.generic[mode].types()  # buffers are sized from the generic type at max_bs
         crossing = []
         for name in plan.crossing:

@@ -3,6 +3,7 @@
 from .dsv4 import EagerDSV4Decode
 from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft
 from .flashinfer import EagerFlashInferDecode
+from .multistep import EagerMultiStep
 from .triton import EagerTritonDecode
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttentionDecode,
@@ -11,6 +12,9 @@ EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttent
 
 def get_eager(name: str):
     """The twin of a backend; a TBO-wrapped backend's parent metadata is its inner backend's."""
+    if name.startswith("multistep_"):
+        inner = get_eager(name[len("multistep_"):])
+        return lambda pool, max_bs, num_steps=3: EagerMultiStep(lambda: inner(pool, max_bs), num_steps)
     try:
         return EAGER[name.removeprefix("tbo_")]
     except KeyError:
