@@ -52,3 +52,27 @@ def test_capture_replay_on_cuda(name, mode):
             full = padded(fb, bs, mode)
             lens = full.seq_lens_cpu + (D if name == "flashattention" and mode is V else 0)  # verify: + drafts
             assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens)
+
+
+@pytest.mark.parametrize("inner", ["flashinfer", "triton"])
+def test_multistep_on_cuda(inner):
+    dev = torch.device("cuda")
+    pool = make_pool(ROWS, L, seed=2, device=dev)
+    name = f"multistep_{inner}"
+    cb = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=(16,), max_context_len=L, num_steps=3))
+    be = cb.instantiate(pool, device=dev)
+    twin = get_eager(name)(pool, MAX_BS, num_steps=3)
+    cap = make_batch(16, L, ROWS, seed=1, max_len=4, device=dev)
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    be.init_forward_metadata_in_graph(cap)
+    torch.cuda.synchronize()
+    g = CudaGraph()
+    with g.capture():
+        be.init_forward_metadata_in_graph(cap)
+    for seed, raw in [(5, 16), (6, 11)]:
+        fb = make_batch(raw, L, ROWS, seed=seed, device=dev, max_len=L - 3)
+        be.init_forward_metadata_out_graph(ReplayView.of(fb, 16))
+        g.replay()
+        torch.cuda.synchronize()
+        full = padded(fb, 16)
+        assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), full.seq_lens_cpu)
