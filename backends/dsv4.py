@@ -10,7 +10,10 @@ IDLE rows are sequences of length 1 in pool row 0 writing slot 0, the same
 substitution the engine makes for IDLE.
 
 Page size 256 (two 128-token compressed slots per page), SWA window 128,
-sparse top-k 512. Positions, windows and lengths are per request (T = 1).
+sparse top-k 512. Decode has one query token per request; TARGET_VERIFY
+expands to D tokens per request (causal lengths seq + 1 + j, pool rows
+repeated) and runs the same upgrade per token, with a per-token
+``out_cache_loc``.
 """
 
 from __future__ import annotations
@@ -25,36 +28,49 @@ PAGE, SWA, TOPK = 256, 128, 512
 PAGES = f"ceiling(L/{PAGE})"
 
 
+def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: str) -> dict:
+    """raw -> full for ``rows`` query tokens: causal length, pool row and KV slot of each token."""
+    full = {}
+    pos = b.ewise("max", b.ewise("sub", seq, 1), 0)
+    full["positions"] = b.cast(pos, I64)
+    full["swa_topk_lengths"] = b.ewise("min", seq, SWA)
+    tok = b.gather_rows(req_to_token, rpi, b.outer("sub", pos, b.arange(SWA)))  # -1 before token 0
+    swa = b.lookup(full_to_swa, b.ewise("max", tok, 0))
+    full["swa_page_indices"] = b.where(b.compare("ge", tok, 0), swa, -1)
+    full["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc)
+    pt = full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES)
+    for r in (4, 128):
+        full[f"c{r}_lens"] = b.ewise("floordiv", seq, r)
+        aligned = b.compare("eq", b.ewise("mod", seq, r), 0)
+        full[f"c{r}_out_loc"] = b.where(aligned, b.ewise("floordiv", out_loc, r), 0)
+        full[f"c{r}_positions"] = b.ewise("mul", b.ewise("floordiv", pos, r), r)
+    j = b.arange(f"2*{PAGES}")  # compressed c128 slot j of a token: page j // 2, half j % 2
+    zeros = b.full(0, [rows], I32)
+    pages = b.gather_rows(pt, b.arange(rows, dtype=I64), b.outer("add", zeros, b.ewise("floordiv", j, 2)))
+    slots = b.ewise("add", b.ewise("mul", pages, 2), b.outer("add", zeros, b.ewise("mod", j, 2)))
+    full["c128_page_indices"] = b.where(b.outer("gt", full["c128_lens"], j), slots, -1)
+    full["c4_sparse_topk_lengths"] = b.ewise("min", b.ewise("max", full["c4_lens"], 1), TOPK)
+    full["c4_sparse_page_indices"] = b.full(-1, [rows, TOPK], I32)  # filled later by the indexer's top-k
+    return full
+
+
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"dsv4.{mode.name.lower()}")
     seq, rpi, req_to_token = decode_inputs(b)
-    out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0)
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
-    full = {}
-    with b.out_graph(movable=True):
-        pos = b.ewise("max", b.ewise("sub", seq, 1), 0)
-        full["positions"] = b.cast(pos, I64)
-        full["swa_topk_lengths"] = b.ewise("min", seq, SWA)
-        tok = b.gather_rows(req_to_token, rpi, b.outer("sub", pos, b.arange(SWA)))  # -1 before token 0
-        swa = b.lookup(full_to_swa, b.ewise("max", tok, 0))
-        full["swa_page_indices"] = b.where(b.compare("ge", tok, 0), swa, -1)
-        full["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc)
-        pt = full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES)
-        for r in (4, 128):
-            full[f"c{r}_lens"] = b.ewise("floordiv", seq, r)
-            aligned = b.compare("eq", b.ewise("mod", seq, r), 0)
-            full[f"c{r}_out_loc"] = b.where(aligned, b.ewise("floordiv", out_loc, r), 0)
-            full[f"c{r}_positions"] = b.ewise("mul", b.ewise("floordiv", pos, r), r)
-        j = b.arange(f"2*{PAGES}")  # compressed c128 slot j of a request: page j // 2, half j % 2
-        zeros = b.full(0, ["bs"], I32)
-        pages = b.gather_rows(pt, b.arange("bs", dtype=I64), b.outer("add", zeros, b.ewise("floordiv", j, 2)))
-        slots = b.ewise("add", b.ewise("mul", pages, 2), b.outer("add", zeros, b.ewise("mod", j, 2)))
-        full["c128_page_indices"] = b.where(b.outer("gt", full["c128_lens"], j), slots, -1)
-        full["c4_sparse_topk_lengths"] = b.ewise("min", b.ewise("max", full["c4_lens"], 1), TOPK)
-        full["c4_sparse_page_indices"] = b.full(-1, ["bs", TOPK], I32)  # filled later by the indexer's top-k
+    if mode.is_target_verify():  # D query tokens per request: token j of request b sees seq_b + 1 + j keys
+        D = options.num_draft_tokens
+        out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0)
+        with b.out_graph(movable=True):
+            seq_tok = b.flatten(b.outer("add", b.ewise("add", seq, 1), b.arange(D)))
+            full = upgrade(b, seq_tok, b.repeat(rpi, D), out_loc, req_to_token, full_to_swa, f"{D}*bs")
+    else:
+        out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0)
+        with b.out_graph(movable=True):
+            full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs")
     b.outputs(**full)
     return b.build()
 
 
-SPEC = BackendSpec("dsv4", build, (ForwardMode.DECODE,),
+SPEC = BackendSpec("dsv4", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
                    doc="DeepSeek-V4 compressed attention: the raw->full upgrade recorded in the graph")

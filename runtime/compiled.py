@@ -142,7 +142,8 @@ class CompiledAttentionBackend(AttentionBackend):
             slots.append(Slot(i.source, (dev or i).name, host,
                               None if dev is None else self._view(self.inputs[(mode, dev.name)], dev.type, env),
                               i.fill if i.fill is not None else 0,
-                              self.max_context_len if i.source in ("seq_lens", "seq_lens_cpu") else None))
+                              self.max_context_len if i.source in ("seq_lens", "seq_lens_cpu") else None,
+                              host.numel() // env["bs"] if env["bs"] else 1))
             if i.offset is not None:
                 nbytes = max(nbytes, i.offset + host.numel() * host.element_size())
         if any(i.offset is None for i in batch):  # unpacked: one copy per input, the cost pack-inputs removes

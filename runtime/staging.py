@@ -38,6 +38,7 @@ class Slot:
     dev: torch.Tensor | None  # [bs] view of the device packed buffer, None for host-only inputs
     fill: int
     limit: int | None = None  # largest legal value (sequence lengths: max_context_len)
+    per_row: int = 1  # values per request: 1 for request fields, T for token fields ([bs*T])
     np: np.ndarray = attrs.field(init=False)
     ptr: int = attrs.field(init=False)
     itemsize: int = attrs.field(init=False)
@@ -75,19 +76,20 @@ class Stager:
                     raise BatchError(f"the batch has no {s.name} (nor {s.source}), which the spec reads")
                 s.np[:] = s.fill
                 continue
-            if src.shape[0] < raw:
-                raise BatchError(f"{s.source} has {src.shape[0]} rows for a batch of {raw}")
+            live, total = raw * s.per_row, bs * s.per_row
+            if src.shape[0] < live:
+                raise BatchError(f"{s.source} has {src.shape[0]} values for a batch of {raw} x {s.per_row}")
             if src.device.type != "cpu":
                 if s.dev is None:
                     raise BatchError(f"{s.source} must be a host tensor: the spec reads it on the host")
                 late.append((s, src))  # device-only field: D2D after the packed copy, never a D2H sync
-            elif raw:
-                s.write(src, raw)
-                if s.limit is not None and s.np[:raw].max() > s.limit:
-                    raise BatchError(f"a sequence of {int(s.np[:raw].max())} tokens exceeds max_context_len="
+            elif live:
+                s.write(src, live)
+                if s.limit is not None and s.np[:live].max() > s.limit:
+                    raise BatchError(f"a sequence of {int(s.np[:live].max())} tokens exceeds max_context_len="
                                      f"{s.limit}; recompile with a larger --max-context-len")
-            if raw < bs:
-                s.np[raw:] = s.fill
+            if live < total:
+                s.np[live:] = s.fill
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
         if self.copies and self.copies[0][0].device.type == "cuda":
@@ -95,4 +97,4 @@ class Stager:
                 self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
             self.event[0].record(self.event[1])
         for s, src in late:
-            s.dev[:raw].copy_(src[:raw], non_blocking=True)
+            s.dev[: raw * s.per_row].copy_(src[: raw * s.per_row], non_blocking=True)

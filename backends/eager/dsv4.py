@@ -11,16 +11,24 @@ PAGE, SWA, TOPK = 256, 128, 512
 
 
 class EagerDSV4Decode:
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None):
-        self.req_to_token = req_to_token
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None,
+                 draft_tokens: int = 4):
+        self.req_to_token, self.D = req_to_token, draft_tokens
         slots = int(req_to_token.max()) + 1
         self.full_to_swa = full_to_swa if full_to_swa is not None else swa_table(slots, req_to_token.device)
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
-        bs, L = fb.batch_size, self.req_to_token.shape[1]
-        seq = fb.seq_lens[:bs].long()
-        rows = self.req_to_token[fb.req_pool_indices[:bs].long()]  # [bs, L]
-        loc = fb.out_cache_loc[:bs] if fb.out_cache_loc is not None else torch.zeros_like(seq)
+        bs = fb.batch_size
+        seq, rpi = fb.seq_lens[:bs].long(), fb.req_pool_indices[:bs].long()
+        if fb.forward_mode.is_target_verify():  # expand per query token, as the engine does
+            j = torch.arange(self.D, device=seq.device)
+            seq, rpi = (seq[:, None] + 1 + j).reshape(-1), rpi.repeat_interleave(self.D)
+        loc = fb.out_cache_loc[: seq.shape[0]] if fb.out_cache_loc is not None else torch.zeros_like(seq)
+        return self.upgrade(seq, rpi, loc)
+
+    def upgrade(self, seq, rpi, loc) -> SimpleNamespace:
+        bs, L = seq.shape[0], self.req_to_token.shape[1]
+        rows = self.req_to_token[rpi]  # [tokens, L]
         pos = (seq - 1).clamp(min=0)
         off = pos[:, None] - torch.arange(SWA, device=seq.device)
         tok = torch.where(off >= 0, rows.gather(1, off.clamp(min=0)), -1)

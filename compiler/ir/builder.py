@@ -159,6 +159,9 @@ class SpecBuilder:
     def gather_rows(self, table: V, rows: V, cols: V, name=None) -> V:
         return self.op(Op.gather_rows, table, rows, cols, name=name)
 
+    def flatten(self, x: V, name=None) -> V:
+        return self.op(Op.flatten, x, name=name)
+
     def copy(self, x: V, name=None) -> V:
         return self.op(Op.copy, x, name=name)
 

@@ -49,6 +49,7 @@ class Op(enum.Enum):
     copy = "copy"
     outer = "outer"
     gather_rows = "gather_rows"
+    flatten = "flatten"
 
 
 @attrs.frozen
@@ -227,6 +228,8 @@ OPS: dict[Op, OpInfo] = {
     Op.reduce_rows: OpInfo(1, {"fn": str}, ix.infer_rows, ix.ref_reduce_rows, True),
     Op.copy: OpInfo(1, {}, lambda ins, a: ins[0], lambda ins, a: ins[0].clone(), True, doc="bind-output copy"),
     Op.outer: OpInfo(2, {"fn": str}, ix.infer_outer, ix.ref_outer, True, doc="out[i, j] = fn(a[i], b[j])"),
+    Op.flatten: OpInfo(1, {}, ix.infer_flatten, lambda ins, a: ins[0].reshape(-1).clone(), True,
+                       doc="[n, m] -> [n*m], row-major (per-request rows to per-token values)"),
     Op.gather_rows: OpInfo(3, {}, ix.infer_gather_rows, ix.ref_gather_rows, True,
                            doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row"),
 }

@@ -170,3 +170,9 @@ def ref_gather_rows(ins, a):
     ok = (cols >= 0) & (cols < table.shape[1])
     got = table[rows.long()[:, None], cols.clamp(0, table.shape[1] - 1).long()]
     return torch.where(ok, got, torch.full_like(got, -1))
+
+
+def infer_flatten(ins, a):
+    (x,) = ins
+    _rank(x, 2, "flatten input")
+    return attrs.evolve(x, shape=(x.shape[0] * x.shape[1],))

@@ -134,6 +134,10 @@ def k_reduce_rows(x, fn, out=None):
     return _into(ix.ref_reduce_rows([x], {"fn": fn}), out)
 
 
+def k_flatten(x, out=None):
+    return x.reshape(-1) if out is None else out.copy_(x.reshape(-1))
+
+
 def k_copy(x, out=None):
     return x.clone() if out is None else out.copy_(x)
 
@@ -149,7 +153,7 @@ def k_gather_rows(table, rows, cols, out=None):
 
 
 KERNELS: dict[Op, Callable] = {
-    Op.outer: k_outer, Op.gather_rows: k_gather_rows,
+    Op.outer: k_outer, Op.gather_rows: k_gather_rows, Op.flatten: k_flatten,
     Op.slice: k_slice, Op.split_at: k_split_at, Op.compare: k_compare, Op.where: k_where,
     Op.page_table: k_page_table, Op.repeat: k_repeat, Op.lookup: k_lookup, Op.sort_rows: k_sort_rows,
     Op.reduce_rows: k_reduce_rows, Op.copy: k_copy,

@@ -16,7 +16,7 @@ L, ROWS, MAX_BS, D = 1024, 40, 32, 4
 V, DEC, E = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND
 
 
-CASES = [("dsv4", DEC), ("flashinfer", V), ("triton", V), ("flashattention", V), ("flashinfer", E), ("triton", E),
+CASES = [("dsv4", DEC), ("dsv4", V), ("flashinfer", V), ("triton", V), ("flashattention", V), ("flashinfer", E), ("triton", E),
          ("flashattention", E)]
 
 
@@ -30,9 +30,10 @@ def test_capture_replay_on_cuda(name, mode):
     be = cb.instantiate(pool, device=dev, pools=extra)
     cls = get_eager(name)
     twin = cls(pool, MAX_BS, extra["full_to_swa"]) if name == "dsv4" else cls(pool, MAX_BS, draft_tokens=D)
+    per = D if name == "dsv4" and mode is V else 1  # DSV4 verify: one KV slot per query token
     for bs in (32, 8):
         cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
-        cap.out_cache_loc = torch.zeros(bs, dtype=torch.int64, device=dev)
+        cap.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
         cap.extend_seq_lens_cpu = torch.ones(bs, dtype=torch.int32)
         cap.extend_seq_lens = cap.extend_seq_lens_cpu.to(dev)
         be.init_forward_metadata_out_graph(cap, in_capture=True)
@@ -43,14 +44,18 @@ def test_capture_replay_on_cuda(name, mode):
             be.init_forward_metadata_in_graph(cap)
         for seed, raw in [(3, bs), (4, bs - 3)]:
             fb = make_batch(raw, L, ROWS, seed=seed, mode=mode, device=dev, max_len=L - D)
-            fb.out_cache_loc = torch.randint(0, ROWS * L, (raw,), device=dev)
+            fb.out_cache_loc = torch.randint(0, ROWS * L, (raw * per,), device=dev)
             fb.extend_seq_lens_cpu = torch.minimum(torch.randint(1, D + 1, (raw,), dtype=torch.int32), fb.seq_lens_cpu)
             fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(dev)
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
             torch.cuda.synchronize()
             full = padded(fb, bs, mode)
+            full.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
+            full.out_cache_loc[: raw * per] = fb.out_cache_loc
             lens = full.seq_lens_cpu + (D if name == "flashattention" and mode is V else 0)  # verify: + drafts
+            if per > 1:  # per-token causal lengths
+                lens = (full.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)
             assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens)
 
 

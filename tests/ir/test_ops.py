@@ -32,6 +32,7 @@ CASES = {
     Op.reduce_rows: ([i32(3, 1, 2, 9, 0, 5).view(2, 3)], {"fn": "sum"}),
     Op.copy: ([i32(1, 2)], {}),
     Op.outer: ([i32(5, 9), i32(0, 1, 2)], {"fn": "sub"}),
+    Op.flatten: ([i32(1, 2, 3, 4, 5, 6).view(2, 3)], {}),
     Op.gather_rows: ([torch.arange(8, dtype=torch.int32).view(2, 4), T([1, 0]), i32(0, 3, -1, 4).view(2, 2)], {}),
     "ewise_mod": ([i32(7, -7)], {"fn": "mod", "value": 4}),
     Op.ragged_gather: ([torch.arange(12, dtype=torch.int32).view(3, 4), T([2, 0]), i32(3, 1), i32(0, 3, 4)],

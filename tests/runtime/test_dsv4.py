@@ -76,3 +76,36 @@ def test_hand_computed_compression_fields():
     assert int(m.c4_out_loc[0]) == 1255 // 4 and int(m.c128_out_loc[0]) == 1255 // 128  # 256 % r == 0
     assert m.c128_page_indices[0].tolist() == [2 * 3, 2 * 3 + 1, -1, -1]
     assert int(m.c4_sparse_topk_lengths[0]) == 64
+
+
+@pytest.mark.parametrize("bs", SIZES)
+def test_verify_expands_per_token_and_matches_the_twin(bs):
+    D = 3
+    opts = CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, num_draft_tokens=D,
+                          modes=("target_verify",))
+    pool = make_pool(ROWS, L, seed=bs)
+    f2s = swa_table(ROWS * L + 1, "cpu")
+    cb = compile_backend("dsv4", opts)
+    be = cb.instantiate(pool, pools={"full_to_swa": f2s})
+    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=D)
+    V = ForwardMode.TARGET_VERIFY
+
+    def batch(raw, seed, max_len=L - D):
+        fb = make_batch(raw, L, ROWS, seed=seed, max_len=max_len, mode=V)
+        fb.out_cache_loc = torch.randint(0, ROWS * L, (raw * D,), generator=torch.Generator().manual_seed(seed))
+        return fb
+
+    g = capture(be, batch(bs, 1, max_len=4))
+    for seed, raw in [(2, bs), (3, bs - 1)]:
+        fb = batch(raw, seed)
+        be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+        g.replay()
+        full = padded(fb, bs, V)
+        full.out_cache_loc = torch.zeros(bs * D, dtype=torch.int64)
+        full.out_cache_loc[: raw * D] = fb.out_cache_loc  # token-level: D slots per live request
+        ref = twin.init_forward_metadata(full)
+        assert be.forward_metadata.positions.shape == (bs * D,)
+        tok_lens = (full.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)
+        assert_metadata_equal(be.forward_metadata, ref, tok_lens)
+    hand = be.forward_metadata.positions[:D].tolist()
+    assert hand == [int(full.seq_lens_cpu[0]) + j for j in range(D)]  # token j of request 0: position seq + j
