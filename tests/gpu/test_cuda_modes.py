@@ -16,8 +16,8 @@ L, ROWS, MAX_BS, D = 1024, 40, 32, 4
 V, DEC, E = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND
 
 
-CASES = [("dsv4", DEC), ("dsv4", V), ("flashinfer", V), ("triton", V), ("flashattention", V), ("flashinfer", E), ("triton", E),
-         ("flashattention", E)]
+CASES = [("dsv4", DEC), ("dsv4", V), ("flashinfer", V), ("triton", V), ("flashattention", V),
+         ("flashinfer", E), ("triton", E), ("flashattention", E)]
 
 
 @pytest.mark.parametrize("name,mode", CASES)
