@@ -13,7 +13,8 @@ Page size 256 (two 128-token compressed slots per page), SWA window 128,
 sparse top-k 512. Decode has one query token per request; TARGET_VERIFY
 expands to D tokens per request (causal lengths seq + 1 + j, pool rows
 repeated) and runs the same upgrade per token, with a per-token
-``out_cache_loc``.
+``out_cache_loc``. DRAFT_EXTEND is SWA-only (no compression) over T slots
+per request, the accepted tokens first, with a one-page-wide page table.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, SpecBuilder
 
-from .common import decode_inputs
+from .common import decode_inputs, extend_lens
 
 I32, I64 = DType.int32, DType.int64
 PAGE, SWA, TOPK = 256, 128, 512
 PAGES = f"ceiling(L/{PAGE})"
 
 
-def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: str) -> dict:
-    """raw -> full for ``rows`` query tokens: causal length, pool row and KV slot of each token."""
+def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: str, compress: bool = True) -> dict:
+    """raw -> full for ``rows`` query tokens: causal length, pool row and KV slot of each token.
+    Without ``compress`` (draft extend) only the SWA fields and a one-page-wide page table."""
     full = {}
     pos = b.ewise("max", b.ewise("sub", seq, 1), 0)
     full["positions"] = b.cast(pos, I64)
@@ -38,7 +40,9 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     swa = b.lookup(full_to_swa, b.ewise("max", tok, 0))
     full["swa_page_indices"] = b.where(b.compare("ge", tok, 0), swa, -1)
     full["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc)
-    pt = full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES)
+    pt = full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES if compress else 1)
+    if not compress:
+        return full
     for r in (4, 128):
         full[f"c{r}_lens"] = b.ewise("floordiv", seq, r)
         aligned = b.compare("eq", b.ewise("mod", seq, r), 0)
@@ -58,7 +62,17 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"dsv4.{mode.name.lower()}")
     seq, rpi, req_to_token = decode_inputs(b)
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
-    if mode.is_target_verify():  # D query tokens per request: token j of request b sees seq_b + 1 + j keys
+    if mode.is_draft_extend():  # T slots per request; token j of request b: the (j+1)-th accepted token
+        T = options.num_draft_tokens
+        ext = extend_lens(b)
+        out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0)
+        with b.out_graph(movable=True):
+            first = b.ewise("add", b.ewise("sub", seq, ext), 1)  # causal length of the first accepted token
+            # slots past a request's accepted tokens repeat its last token (clamped to seq_lens)
+            seq_tok = b.ewise("min", b.flatten(b.outer("add", first, b.arange(T))), b.repeat(seq, T))
+            full = upgrade(b, seq_tok, b.repeat(rpi, T), out_loc, req_to_token, full_to_swa, f"{T}*bs",
+                           compress=False)
+    elif mode.is_target_verify():  # D query tokens per request: token j of request b sees seq_b + 1 + j keys
         D = options.num_draft_tokens
         out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0)
         with b.out_graph(movable=True):
@@ -72,5 +86,5 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     return b.build()
 
 
-SPEC = BackendSpec("dsv4", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY),
+SPEC = BackendSpec("dsv4", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="DeepSeek-V4 compressed attention: the raw->full upgrade recorded in the graph")

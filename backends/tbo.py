@@ -7,15 +7,27 @@ DECODE's graph). The split is an expression of ``bs`` that specialize-batch
 folds to an int per captured size, so the children are fixed slices (views)
 of the parent's static buffers and nothing is recomputed at replay. A
 zero-size child (bs = 1) is a set of empty ops. Child fields are prefixed
-``tbo0_`` and ``tbo1_``.
+``tbo0_`` and ``tbo1_``; each side's ``num_token_non_padded`` is derived on
+device from the replayed batch.
 """
 
 from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
-from attnmeta.compiler.ir import Graph, Role, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Role, SpecBuilder
 
 SPLIT = "floor(bs/2)"
+
+
+def non_padded(b: SpecBuilder, rpi) -> dict:
+    """Real tokens, for the parent and each child, derived on device: live requests never use the
+    reserved pool row 0 that padded rows read, so n = #(rpi != 0) (one token per request in
+    decode). Child 0 gets min(n, split), child 1 max(n - split, 0), split fixed per size."""
+    with b.in_graph():
+        n = b.reduce("sum", b.cast(b.compare("ne", rpi, 0), DType.int32), name="num_token_non_padded")
+        split = b.reduce("sum", b.full(1, [SPLIT], DType.int32))
+        return {"num_token_non_padded": n, "tbo0_num_token_non_padded": b.ewise("min", n, split),
+                "tbo1_num_token_non_padded": b.ewise("max", b.ewise("sub", n, split), 0)}
 
 
 def tbo(inner: BackendSpec) -> BackendSpec:
@@ -26,6 +38,7 @@ def tbo(inner: BackendSpec) -> BackendSpec:
                for i in g.inputs}
         fields = b.inline(g, ins)
         ragged = {o.field: o.ragged_by for o in g.outputs if o.ragged_by}
+        fields.update(non_padded(b, ins["req_pool_indices"]))
         for c, (lo, hi) in enumerate([("0", SPLIT), (SPLIT, "bs")]):
             child = {}
             for i in g.inputs:

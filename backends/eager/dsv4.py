@@ -20,11 +20,19 @@ class EagerDSV4Decode:
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         bs = fb.batch_size
         seq, rpi = fb.seq_lens[:bs].long(), fb.req_pool_indices[:bs].long()
+        j = torch.arange(self.D, device=seq.device)
         if fb.forward_mode.is_target_verify():  # expand per query token, as the engine does
-            j = torch.arange(self.D, device=seq.device)
             seq, rpi = (seq[:, None] + 1 + j).reshape(-1), rpi.repeat_interleave(self.D)
+        elif fb.forward_mode.is_draft_extend():  # accepted tokens first; extra slots repeat the last
+            first = seq - fb.extend_seq_lens[:bs].long() + 1
+            seq = torch.minimum(first[:, None] + j, seq[:, None]).reshape(-1)
+            rpi = rpi.repeat_interleave(self.D)
         loc = fb.out_cache_loc[: seq.shape[0]] if fb.out_cache_loc is not None else torch.zeros_like(seq)
-        return self.upgrade(seq, rpi, loc)
+        m = self.upgrade(seq, rpi, loc)
+        if fb.forward_mode.is_draft_extend():  # SWA only, one page wide
+            keep = ("positions", "swa_topk_lengths", "swa_page_indices", "swa_out_cache_loc")
+            return SimpleNamespace(**{k: getattr(m, k) for k in keep}, page_table=m.page_table[:, :1])
+        return m
 
     def upgrade(self, seq, rpi, loc) -> SimpleNamespace:
         bs, L = seq.shape[0], self.req_to_token.shape[1]

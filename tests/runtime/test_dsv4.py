@@ -109,3 +109,35 @@ def test_verify_expands_per_token_and_matches_the_twin(bs):
         assert_metadata_equal(be.forward_metadata, ref, tok_lens)
     hand = be.forward_metadata.positions[:D].tolist()
     assert hand == [int(full.seq_lens_cpu[0]) + j for j in range(D)]  # token j of request 0: position seq + j
+
+
+def test_draft_extend_is_swa_only_and_matches_the_twin():
+    T, bs, raw = 3, 8, 6
+    E = ForwardMode.DRAFT_EXTEND
+    pool = make_pool(ROWS, L, seed=4)
+    f2s = swa_table(ROWS * L + 1, "cpu")
+    cb = compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=(bs,), max_context_len=L,
+                                               num_draft_tokens=T, modes=("draft_extend",)))
+    be = cb.instantiate(pool, pools={"full_to_swa": f2s})
+    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=T)
+
+    def batch(n, seed):
+        fb = make_batch(n, L, ROWS, seed=seed, mode=E)
+        ext = torch.randint(1, T + 1, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(seed))
+        fb.extend_seq_lens_cpu = torch.minimum(ext, fb.seq_lens_cpu)
+        fb.extend_seq_lens = fb.extend_seq_lens_cpu.clone()
+        fb.out_cache_loc = torch.randint(0, ROWS * L, (n * T,), generator=torch.Generator().manual_seed(seed))
+        return fb
+
+    g = capture(be, batch(bs, 1))
+    fb = batch(raw, 2)
+    be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+    g.replay()
+    full = padded(fb, bs, E)
+    full.out_cache_loc = torch.zeros(bs * T, dtype=torch.int64)
+    full.out_cache_loc[: raw * T] = fb.out_cache_loc
+    ref = twin.init_forward_metadata(full)
+    assert not hasattr(be.forward_metadata, "c4_lens")  # no compression in draft extend
+    first = full.seq_lens_cpu - full.extend_seq_lens_cpu + 1
+    lens = torch.minimum(first[:, None] + torch.arange(T), full.seq_lens_cpu[:, None]).reshape(-1)
+    assert_metadata_equal(be.forward_metadata, ref, lens, page_size=256)

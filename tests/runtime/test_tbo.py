@@ -73,3 +73,15 @@ def test_tbo_on_and_off_give_identical_attention(compiled):
     halves = [decode_attention_loop(q[lo:hi], k, v, getattr(m, f"tbo{c}_kv_indptr"), getattr(m, f"tbo{c}_kv_indices"))
               for c, (lo, hi) in enumerate([(0, 4), (4, 8)])]
     assert torch.equal(torch.cat(halves), whole)
+
+
+@pytest.mark.parametrize("bs,raw", [(8, 8), (8, 5), (8, 3), (5, 2), (1, 0)])
+def test_children_num_token_non_padded(compiled, bs, raw):
+    be = compiled.instantiate(make_pool(ROWS, L, seed=1))
+    g = capture(be, make_batch(bs, L, ROWS, seed=1))
+    fb = make_batch(raw, L, ROWS, seed=2) if raw else ForwardBatch(ForwardMode.IDLE, 0)
+    be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+    g.replay()
+    m, split = be.forward_metadata, bs // 2
+    assert (int(m.num_token_non_padded), int(m.tbo0_num_token_non_padded), int(m.tbo1_num_token_non_padded)) == (
+        raw, min(raw, split), max(raw - split, 0))
