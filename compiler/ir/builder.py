@@ -85,7 +85,9 @@ class SpecBuilder:
 
     # --- declarations ---
     def _fresh(self, name: str | None) -> str:
-        if name is None:
+        auto = False
+        while name is None or (auto and name in self._names):
+            auto = True  # auto names skip any taken one (inlined graphs bring their own)
             self._n += 1
             name = f"v{self._n}"
         if name in self._names:
@@ -181,8 +183,10 @@ class SpecBuilder:
             a = {k: norm_attr(v.xreplace(sub) if hasattr(v, "xreplace") else
                               tuple(d.xreplace(sub) for d in v) if isinstance(v, tuple) else v)
                  for k, v in n.attrs}
-            with self._in(n.region, n.movable):
-                env[n.name] = self._op_at(n.op, [env[x] for x in n.inputs], a, prefix + n.name, n.origin)
+            name = prefix + n.name
+            with self._in(n.region, n.movable):  # a name taken here already gets a fresh one
+                env[n.name] = self._op_at(n.op, [env[x] for x in n.inputs], a,
+                                          None if name in self._names else name, n.origin)
         return {o.field: env[o.value] for o in g.outputs}
 
     def _op_at(self, op: Op, ins: list[V], a: dict, name: str | None, origin: str) -> V:

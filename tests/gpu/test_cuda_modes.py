@@ -16,7 +16,7 @@ L, ROWS, MAX_BS, D = 1024, 40, 32, 4
 V, DEC, E = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND
 
 
-CASES = [("dsv4", DEC), ("dsv4", V), ("flashinfer", V), ("triton", V), ("flashattention", V),
+CASES = [("dsv4", DEC), ("dsv4", V), ("dsv4", E), ("flashinfer", V), ("triton", V), ("flashattention", V),
          ("flashinfer", E), ("triton", E), ("flashattention", E)]
 
 
@@ -30,7 +30,7 @@ def test_capture_replay_on_cuda(name, mode):
     be = cb.instantiate(pool, device=dev, pools=extra)
     cls = get_eager(name)
     twin = cls(pool, MAX_BS, extra["full_to_swa"]) if name == "dsv4" else cls(pool, MAX_BS, draft_tokens=D)
-    per = D if name == "dsv4" and mode is V else 1  # DSV4 verify: one KV slot per query token
+    per = D if name == "dsv4" and mode is not DEC else 1  # DSV4 verify/draft extend: a KV slot per token
     for bs in (32, 8):
         cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
         cap.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
@@ -54,9 +54,13 @@ def test_capture_replay_on_cuda(name, mode):
             full.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
             full.out_cache_loc[: raw * per] = fb.out_cache_loc
             lens = full.seq_lens_cpu + (D if name == "flashattention" and mode is V else 0)  # verify: + drafts
-            if per > 1:  # per-token causal lengths
+            if per > 1 and mode is V:  # per-token causal lengths
                 lens = (full.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)
-            assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens)
+            elif per > 1:  # draft extend: accepted tokens first, the rest repeat the last
+                first = full.seq_lens_cpu - full.extend_seq_lens_cpu + 1
+                lens = torch.minimum(first[:, None] + torch.arange(D), full.seq_lens_cpu[:, None]).reshape(-1)
+            assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens,
+                                  256 if name == "dsv4" else 1)
 
 
 @pytest.mark.parametrize("inner", ["flashinfer", "triton"])

@@ -46,3 +46,33 @@ def test_draft_runner_on_cuda():
         torch.cuda.synchronize()
         want = sum(attention_from_pool(q, k, v, pool, fb.req_pool_indices, fb.seq_lens_cpu + s + 1) for s in range(S))
         torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_piecewise_runner_on_cuda():
+    from attnmeta.compiler import ForwardMode
+    from attnmeta.runtime.runners import PiecewiseRunner
+
+    dev = torch.device("cuda")
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=8, capture_sizes=(8,), max_context_len=L,
+                                                     modes=("extend",)))
+    be = cb.instantiate(make_pool(ROWS, L, seed=1, device=dev), device=dev)
+    x, h, out = (torch.zeros(64, 4, device=dev) for _ in range(3))
+    seen = []
+
+    def attention(fb, n):  # eager: may read host values and run any shape
+        seen.append(int(be.forward_metadata.qo_indptr[-1]))
+        h[:n] *= 2
+
+    runner = PiecewiseRunner(be, lambda n: h[:n].copy_(x[:n] + 1), attention, lambda n: out[:n].copy_(h[:n] * 3),
+                             (16, 64), dev)
+    runner.capture()
+    fb = make_batch(3, L, ROWS, seed=2, mode=ForwardMode.EXTEND, device=dev)
+    fb.extend_seq_lens_cpu = torch.tensor([2, 3, 4], dtype=torch.int32)
+    fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(dev)
+    fb.extend_prefix_lens_cpu = (fb.seq_lens_cpu - fb.extend_seq_lens_cpu).clamp(min=0)
+    fb.extend_prefix_lens = fb.extend_prefix_lens_cpu.to(dev)
+    x[:9] = torch.arange(36, dtype=torch.float32, device=dev).view(9, 4)
+    assert runner.run(fb, 9) == 16
+    torch.cuda.synchronize()
+    assert seen[-1] == 9
+    torch.testing.assert_close(out[:9], (x[:9] + 1) * 6)

@@ -1,6 +1,8 @@
 """Two-batch overlap: children are static sub-ranges fixed per captured size,
 replayed from the replay view alone; TBO on and off give the same attention."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -85,3 +87,22 @@ def test_children_num_token_non_padded(compiled, bs, raw):
     m, split = be.forward_metadata, bs // 2
     assert (int(m.num_token_non_padded), int(m.tbo0_num_token_non_padded), int(m.tbo1_num_token_non_padded)) == (
         raw, min(raw, split), max(raw - split, 0))
+
+
+@pytest.mark.parametrize("inner", ["triton", "flashattention"])
+def test_children_of_every_backend_match_the_twin_on_their_halves(inner):
+    from tests.oracles import assert_metadata_equal, padded
+
+    cb = compile_backend(f"tbo_{inner}", CompileOptions(max_bs=MAX_BS, capture_sizes=(8,), max_context_len=L))
+    pool = make_pool(ROWS, L, seed=5)
+    be = cb.instantiate(pool)
+    g = capture(be, make_batch(8, L, ROWS, seed=1, max_len=2))
+    fb = make_batch(7, L, ROWS, seed=6)
+    be.init_forward_metadata_out_graph(ReplayView.of(fb, 8))
+    g.replay()
+    full = padded(fb, 8)
+    for c, (lo, hi) in enumerate([(0, 4), (4, 8)]):
+        half = sub_batch(full, lo, hi)
+        ref = get_eager(inner)(pool, MAX_BS).init_forward_metadata(half)
+        child = SimpleNamespace(**{f: getattr(be.forward_metadata, f"tbo{c}_{f}") for f in vars(ref)})
+        assert_metadata_equal(child, ref, half.seq_lens_cpu)
