@@ -39,8 +39,9 @@ class CompiledBackend:
         if not 0 <= bs <= self.options.max_bs:
             raise ValueError(f"batch size {bs} exceeds max_bs={self.options.max_bs} this backend was compiled "
                              f"for; recompile with a larger max_bs (--max-bs)")
-        if (key, bs) not in self.plans:
-            self.plans[(key, bs)] = _compile_bs(self.generic[key], self.options, key, bs, [VerifyEach()])
+        if (key, bs) not in self.plans:  # an eager size: same pipeline, no dumps
+            inst = [VerifyEach()] if self.options.verify_each else []
+            self.plans[(key, bs)] = _compile_bs(self.generic[key], self.options, key, bs, inst)
         return self.plans[(key, bs)]
 
     @property
