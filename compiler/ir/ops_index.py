@@ -5,7 +5,6 @@ ops.py; kept apart so each file stays readable."""
 from __future__ import annotations
 
 import attrs
-import sympy
 import torch
 
 from .types import DType, Dynamic, TensorType
@@ -125,10 +124,6 @@ def ref_reduce_rows(ins, a):
     x = ins[0]
     fn = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}[a["fn"]]
     return fn(x, dim=1).to(x.dtype) if x.shape[1] else torch.zeros(x.shape[0], dtype=x.dtype)
-
-
-def is_dim(v) -> bool:
-    return isinstance(v, sympy.Expr | Dynamic)
 
 
 def _outer_fns():

@@ -38,8 +38,8 @@ class FusedKernel:
 
 
 class _Emitter:
-    def __init__(self, g: Graph, group: set[str], bs: int, outs: set[str]):
-        self.g, self.group, self.bs, self.outs = g, group, bs, outs
+    def __init__(self, g: Graph, group: set[str]):
+        self.g, self.group = g, group
         self.types, self.nodes = g.types(), g.producers()
         self.lines: list[str] = []
         self.args: list[str] = []
@@ -193,8 +193,9 @@ class _Emitter:
         ]
 
 
-def generate(g: Graph, group: list[str], bs: int, outs: list[str]) -> FusedKernel:
-    e = _Emitter(g, set(group), bs, set(outs))
+def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
+    """Source for one kernel computing ``group``; it stores ``outs``. The row count is a launch argument."""
+    e = _Emitter(g, set(group))
     for x in outs:
         e.store(x)
     body = "\n".join(e.lines)

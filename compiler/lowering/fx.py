@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from ..ir import Graph, Node, Op, Region
-from ..ir.ops import CONST_OPS  # noqa: E402
+from ..ir.ops import CONST_OPS
 from ..ir.types import DType, Placement
 from .kernels import KERNELS
 
@@ -131,7 +131,7 @@ def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]
 
     types = g.types()
     bs = next(r for x in group if (r := row_space(g.node(x), types)))  # the kernel's rows: batch or TBO child
-    fk = generate(g, group, bs, outs)
+    fk = generate(g, group, outs)
     n_args = len(fk.args)
     tables = tuple(fk.args.index(t) for t in fk.tables)
     alloc = tuple(None if x in bound else (tuple(int(d) for d in types[x].shape), types[x].dtype.torch)
@@ -231,10 +231,8 @@ def _schedule(in_nodes) -> list:
     for n in in_nodes:
         if n.kernel:
             members.setdefault(n.kernel, []).append(n.name)
-    order = list(nx.lexicographical_topological_sort(dag, key=lambda v: _position(v, in_nodes, members)))
+    first: dict[str, int] = {}  # ties broken by program order: a kernel sits where its first node was
+    for i, n in enumerate(in_nodes):
+        first.setdefault(kernel.get(n.name) or n.name, i)
+    order = list(nx.lexicographical_topological_sort(dag, key=first.__getitem__))
     return [members.get(v, v) for v in order]
-
-
-def _position(v: str, in_nodes, members) -> int:
-    names = members.get(v, [v])
-    return min(i for i, n in enumerate(in_nodes) if n.name in names)
