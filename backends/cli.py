@@ -16,6 +16,7 @@ USER_ERRORS = (SplitError, VerifyError, SpecError, OptionsError, KeyError, Value
 
 def cmd_compile(a) -> int:
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
+                          num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
                           modes=a.modes, capture_sizes=a.capture_sizes or (),
                           dump_dir=a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR"),
                           disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
@@ -100,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--capture-sizes", type=int, nargs="+")
     c.add_argument("--page-size", type=int, default=1)
     c.add_argument("--max-context-len", type=int, default=4096)
+    c.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
+    c.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
+    c.add_argument("--num-draft-tokens", type=int, default=4, help="tokens verified per request (target_verify)")
     c.add_argument("--dump-dir", help="write NN-<pass>.ir/.dot and lowered code per (mode, bs); "
                                       "also ATTNMETA_DUMP_DIR")
     c.add_argument("--print-after-all", action="store_true", help="print the IR after every pass (stderr)")

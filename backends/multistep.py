@@ -1,46 +1,92 @@
-"""MultiStep: a wrapper for S speculative draft-decode steps (topk 1).
+"""MultiStep: a wrapper for S speculative draft-decode steps and K branches (topk).
 
-Step s (0-based) decodes the (s+1)-th draft token: its keys are the prefix
-plus the s + 1 tokens drafted so far, which with one branch follow the
-prefix in ``req_to_token``. So step s is the inner backend's decode metadata
-over ``seq_lens + s + 1``, and all S steps are built in one graph before the
-drafter's steps run. The planners' host indptrs come from the host mirror
-plus the step offset: no device->host copy in a round (engines copy the
-device indptrs back once per round). Fields are prefixed ``step<s>_``.
+Step s (0-based) decodes the (s+1)-th draft token of every branch. With one
+branch its keys are the prefix plus the s + 1 drafted tokens, which follow
+the prefix in ``req_to_token``: step s is the inner backend's decode metadata
+over ``seq_lens + s + 1``. With K branches each request has K rows,
+``z = b*K + k``, over the same prefix; branch k's drafted tokens live in its
+own slots after the prefix, from column
+``floor(seq/P)*P + k*ceil((seq%P + S)/P)*P + seq%P`` (``seq + k*S`` for P 1),
+so the inner decode graph is inlined on bs*K rows with its kv gather jumping
+over the other branches' slots. All S steps are built in one graph before
+the drafter's steps run. The planners' host indptrs come from the host
+mirror plus the step offset: no device->host copy in a round (engines copy
+the device indptrs back once per round). Fields are prefixed ``step<s>_``.
 
 The runtime keeps IDLE as IDLE: an IDLE batch stages only fill rows, so no
-step ever reads a previous batch's requests. Topk > 1 (a tree of branches
-per request, each with its own draft slots) is not expressed yet and is
-refused at compile time.
+step ever reads a previous batch's requests.
 """
 
 from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
-from attnmeta.compiler.ir import Graph, Role, SpecBuilder
+from attnmeta.compiler.ir import Graph, Op, Role, SpecBuilder
+
+SEQ = ("seq_lens", "seq_lens_cpu")
+
+
+def branch_stride(options: CompileOptions, page_offset: int) -> int:
+    """Columns between two branches' drafted tokens for a prefix ending page_offset into its page."""
+    P, S = options.page_size, options.num_steps
+    return -(-(page_offset + S) // P) * P
+
+
+def headroom(options: CompileOptions) -> int:
+    """Columns past seq_lens the last branch's last draft may use (the page offset at its worst)."""
+    return (options.topk - 1) * branch_stride(options, options.page_size - 1) + options.num_steps
+
+
+def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
+    """Every batch input repeated per branch (rows z = b*K + k), and the gather jump
+    (split = the prefix length, shift = k * the branch stride)."""
+    K, P, S = options.topk, options.page_size, options.num_steps
+    reads = {n.op for n in g.nodes if "req_to_token" in n.inputs}
+    if reads - {Op.ragged_gather}:
+        raise OptionsError(f"multistep with topk={K} needs an inner decode whose kv indices are ragged gathers; "
+                           f"{g.name} reads req_to_token with {sorted(o.value for o in reads)}")
+    rows = {}
+    for i in g.inputs:
+        if i.role is Role.batch:
+            with b.out_graph() if i.type.placement.on_host else b.in_graph():
+                rows[i.name] = b.repeat(ins[i.name], "K", name=f"branch_{i.name}")
+    with b.in_graph():
+        seq = rows["seq_lens"]
+        k = b.ewise("mod", b.arange("bs*K", name="branch_row"), K, name="branch")
+        stride = b.ewise("mul", b.ewise("ceildiv", b.ewise("add", b.ewise("mod", seq, P), S), P), P)
+        shift = b.ewise("mul", k, stride, name="branch_shift")
+    return {**ins, **rows}, (seq, shift)
 
 
 def multistep(inner: BackendSpec) -> BackendSpec:
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
-        if options.topk != 1:
-            raise OptionsError(f"multistep_{inner.name} supports topk 1, got topk={options.topk}; "
-                               "the branch layout for topk > 1 is not implemented")
+        if headroom(options) >= options.max_context_len:
+            raise OptionsError(f"multistep with topk={options.topk}, num_steps={options.num_steps} and page_size="
+                               f"{options.page_size} needs {headroom(options)} slots past each prefix, not fewer "
+                               f"than max_context_len={options.max_context_len}; raise max_context_len")
         g = inner.build(ForwardMode.DECODE, options)
         b = SpecBuilder(f"multistep.{g.name}")
         ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror)
                for i in g.inputs}
+        rows, jump, subs = ins, None, None
+        if options.topk > 1:
+            rows, jump = _branches(b, g, ins, options)
+            subs = {"bs": "bs*K", "max_bs": "max_bs*K"}  # buffers sized with the K factor
+
+        def branch_gather(n, xs):
+            return [*xs, *jump] if jump and n.op is Op.ragged_gather else xs
+
         fields, ragged = {}, {}
         for s in range(options.num_steps):
-            step = dict(ins)
-            for i in g.inputs:
-                if i.role is Role.batch and i.name in ("seq_lens", "seq_lens_cpu"):
-                    with b.out_graph() if i.type.placement.on_host else b.in_graph():
-                        step[i.name] = b.ewise("add", ins[i.name], s + 1, name=f"step{s}_{i.name}")
-            out = b.inline(g, step, prefix=f"step{s}_")
+            step = dict(rows)
+            for name in SEQ:
+                if name in step:
+                    with b.out_graph() if name.endswith("_cpu") else b.in_graph():
+                        step[name] = b.ewise("add", rows[name], s + 1, name=f"step{s}_{name}")
+            out = b.inline(g, step, prefix=f"step{s}_", subs=subs, rewrite=branch_gather)
             fields.update({f"step{s}_{f}": v for f, v in out.items()})
             ragged.update({f"step{s}_{o.field}": f"step{s}_{o.ragged_by}" for o in g.outputs if o.ragged_by})
         b.outputs(ragged=ragged, **fields)
         return b.build()
 
     return BackendSpec(f"multistep_{inner.name}", build, (ForwardMode.DECODE,),
-                       doc=f"S draft-decode steps (topk 1) of {inner.name}")
+                       doc=f"S draft-decode steps x topk branches of {inner.name}", headroom=headroom)

@@ -60,6 +60,9 @@ class CompiledAttentionBackend(AttentionBackend):
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
         self.max_context_len = compiled.options.max_context_len
+        self.headroom = compiled.spec.headroom(compiled.options)  # slots a step reads past seq_lens
+        self._limit_why = f"max_context_len={self.max_context_len}" + (
+            f" less the {self.headroom} slots the draft steps use past each prefix" if self.headroom else "")
         self.env = {**compiled.options.symbols(), "bs": self.max_bs}
         self.inputs: dict[tuple[ForwardMode, str], torch.Tensor] = {}  # static, at max_bs
         self.outbufs: dict[str, torch.Tensor] = {}
@@ -139,10 +142,11 @@ class CompiledAttentionBackend(AttentionBackend):
             twin = [j for j in batch if (j.offset if j.offset is not None else j.name) == key]
             dev = next((j for j in twin if not j.type.placement.on_host), None)
             host = self._view(self.inputs[(mode, "host:" + i.name)], i.type, env)
+            seq = i.source in ("seq_lens", "seq_lens_cpu")
             slots.append(Slot(i.source, (dev or i).name, host,
                               None if dev is None else self._view(self.inputs[(mode, dev.name)], dev.type, env),
                               i.fill if i.fill is not None else 0,
-                              self.max_context_len if i.source in ("seq_lens", "seq_lens_cpu") else None,
+                              self.max_context_len - self.headroom if seq else None, self._limit_why,
                               host.numel() // env["bs"] if env["bs"] else 1))
             if i.offset is not None:
                 nbytes = max(nbytes, i.offset + host.numel() * host.element_size())

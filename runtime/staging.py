@@ -37,7 +37,8 @@ class Slot:
     host: torch.Tensor  # [bs] view of the host staging buffer
     dev: torch.Tensor | None  # [bs] view of the device packed buffer, None for host-only inputs
     fill: int
-    limit: int | None = None  # largest legal value (sequence lengths: max_context_len)
+    limit: int | None = None  # largest legal value (sequence lengths: max_context_len less headroom)
+    limit_why: str = ""  # where the limit comes from, for the error
     per_row: int = 1  # values per request: 1 for request fields, T for token fields ([bs*T])
     np: np.ndarray = attrs.field(init=False)
     ptr: int = attrs.field(init=False)
@@ -86,8 +87,9 @@ class Stager:
             elif live:
                 s.write(src, live)
                 if s.limit is not None and s.np[:live].max() > s.limit:
-                    raise BatchError(f"a sequence of {int(s.np[:live].max())} tokens exceeds max_context_len="
-                                     f"{s.limit}; recompile with a larger --max-context-len")
+                    raise BatchError(f"a sequence of {int(s.np[:live].max())} tokens exceeds {s.limit}, the "
+                                     f"longest this backend serves ({s.limit_why}); recompile with a larger "
+                                     f"--max-context-len")
             if live < total:
                 s.np[live:] = s.fill
         for dev, host in self.copies:

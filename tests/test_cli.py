@@ -50,6 +50,16 @@ def test_bad_options_are_one_line_errors(capsys):
     assert err.startswith("attnmeta: capture sizes [8] are outside 1..max_bs=4") and "Traceback" not in err
 
 
+def test_compile_multistep_with_branches(tmp_path, capsys):
+    assert main(["compile", "multistep_triton", "--max-bs", "4", "--capture-sizes", "4", "--topk", "2",
+                 "--num-steps", "2", "--max-context-len", "64", "--dump-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "multistep_triton" / "decode-bs4" / f"{SPECIALIZE}.ir").read_text()
+    assert "%step1_kv_indptr = cumsum(%step1_seq_lens) {leading_zero=true} : i32[9]" in text  # 4 x 2 rows
+    assert main(["compile", "multistep_triton", "--max-bs", "4", "--topk", "3", "--num-steps", "30",
+                 "--max-context-len", "64"]) == 2
+    assert "needs 90 slots past each prefix" in capsys.readouterr().err
+
+
 def test_dump_dir_from_environment(tmp_path):
     env = {**os.environ, "ATTNMETA_DUMP_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "attnmeta.backends.cli", "compile", "flashinfer", "--max-bs", "2",

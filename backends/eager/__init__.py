@@ -14,7 +14,8 @@ def get_eager(name: str):
     """The twin of a backend; a TBO-wrapped backend's parent metadata is its inner backend's."""
     if name.startswith("multistep_"):
         inner = get_eager(name[len("multistep_"):])
-        return lambda pool, max_bs, num_steps=3: EagerMultiStep(lambda: inner(pool, max_bs), num_steps)
+        return lambda pool, max_bs, num_steps=3, topk=1, page_size=1: EagerMultiStep(
+            lambda: inner(pool, max_bs * topk), num_steps, topk, page_size)
     try:
         return EAGER[name.removeprefix("tbo_")]
     except KeyError:

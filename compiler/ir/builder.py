@@ -127,8 +127,11 @@ class SpecBuilder:
             return self.op(Op.ewise_const, x, fn=fn, value=y, name=name)
         return self.op(Op.ewise, x, y, fn=fn, name=name)
 
-    def ragged_gather(self, table: V, rows: V, lens: V, indptr: V, capacity, name=None) -> V:
-        return self.op(Op.ragged_gather, table, rows, lens, indptr, capacity=capacity, name=name)
+    def ragged_gather(self, table: V, rows: V, lens: V, indptr: V, capacity, jump: tuple[V, V] | None = None,
+                      name=None) -> V:
+        """Row i's first lens[i] columns of table[rows[i]] at indptr[i]; ``jump=(split, shift)``
+        skips shift[i] columns from entry split[i] on (a draft branch's own slots)."""
+        return self.op(Op.ragged_gather, table, rows, lens, indptr, *(jump or ()), capacity=capacity, name=name)
 
     def reduce(self, fn: str, x: V, name=None) -> V:
         return self.op(Op.reduce, x, fn=fn, name=name)
@@ -170,22 +173,27 @@ class SpecBuilder:
     def host_call(self, target: str, *ins: V, name=None) -> V:
         return self.op(Op.host_call, *ins, target=target, name=name)
 
-    def inline(self, g: Graph, inputs: dict[str, V], bs=None, prefix: str = "") -> dict[str, V]:
+    def inline(self, g: Graph, inputs: dict[str, V], bs=None, prefix: str = "",
+               subs: dict[str, object] | None = None, rewrite=None) -> dict[str, V]:
         """Re-declare ``g``'s nodes here on ``inputs`` (its input name -> a value of this builder),
         each in its own region; ``bs`` replaces the batch-size symbol in attributes (a child's
-        size). Returns ``g``'s outputs as field -> value."""
+        size), ``subs`` any symbol (MultiStep's bs*K rows); ``rewrite(node, ins)`` may change a
+        node's inputs (MultiStep's branch gather). Returns ``g``'s outputs as field -> value."""
         from .ops import norm_attr
         from .types import SYMBOLS
 
-        sub = {} if bs is None else {SYMBOLS["bs"]: dim(bs)}
+        sub = {SYMBOLS[k]: dim(v) for k, v in (subs or {}).items()}
+        if bs is not None:
+            sub[SYMBOLS["bs"]] = dim(bs)
         env = {i.name: inputs[i.name] for i in g.inputs}
         for n in g.nodes:
             a = {k: norm_attr(v.xreplace(sub) if hasattr(v, "xreplace") else
                               tuple(d.xreplace(sub) for d in v) if isinstance(v, tuple) else v)
                  for k, v in n.attrs}
             name = prefix + n.name
+            ins = [env[x] for x in n.inputs]
             with self._in(n.region, n.movable):  # a name taken here already gets a fresh one
-                env[n.name] = self._op_at(n.op, [env[x] for x in n.inputs], a,
+                env[n.name] = self._op_at(n.op, rewrite(n, ins) if rewrite else ins, a,
                                           None if name in self._names else name, n.origin)
         return {o.field: env[o.value] for o in g.outputs}
 

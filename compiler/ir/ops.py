@@ -145,20 +145,30 @@ def _ref_ewise_const(ins, a):
 
 
 def _infer_ragged_gather(ins, a):
-    table, rows, lens, indptr = ins
+    if len(ins) not in (4, 6):
+        raise ShapeError(f"ragged_gather takes (table, rows, lens, indptr[, split, shift]), got {len(ins)} inputs")
+    table, rows, *per_row = ins
     if len(table.shape) != 2:
         raise ShapeError(f"ragged_gather table must be 2-D [rows, L], got {table}")
-    for t, w in ((rows, "rows"), (lens, "lens"), (indptr, "indptr")):
+    for t, w in zip((rows, *per_row), ("rows", "lens", "indptr", "split", "shift"), strict=False):
         _one_d(t, f"ragged_gather {w}")
     return TensorType(table.dtype, (a["capacity"],), rows.placement)
 
 
+def gather_columns(n: int, split: int | None = None, shift: int = 0) -> torch.Tensor:
+    """Columns row entries j < n read: j, or j + shift once j reaches split (a branch's draft slots)."""
+    j = torch.arange(n)
+    return j if split is None else j + (j >= split).long() * shift
+
+
 def _ref_ragged_gather(ins, a):
-    table, rows, lens, indptr = ins
+    table, rows, lens, indptr, *jump = ins
     out = torch.zeros(int(a["capacity"]), dtype=table.dtype)
     for i in range(rows.shape[0]):
         n, s = int(lens[i]), int(indptr[i])
-        out[s : s + n] = table[int(rows[i]), :n]
+        cols = gather_columns(n, *(int(x[i]) for x in jump))
+        keep = cols < table.shape[1]  # never past the row, like the kernels' device guard
+        out[s : s + n][keep] = table[int(rows[i]), cols[keep]]
     return out
 
 
@@ -203,8 +213,9 @@ OPS: dict[Op, OpInfo] = {
     Op.cast: OpInfo(1, {"dtype": DType}, _infer_cast, lambda ins, a: ins[0].to(a["dtype"].torch), True),
     Op.ewise: OpInfo(2, {"fn": str}, _infer_ewise, lambda ins, a: EWISE[a["fn"]](*ins).to(ins[0].dtype), True),
     Op.ewise_const: OpInfo(1, {"fn": str, "value": int}, _infer_ewise_const, _ref_ewise_const, True),
-    Op.ragged_gather: OpInfo(4, {"capacity": _DIM}, _infer_ragged_gather, _ref_ragged_gather, True,
-                             doc="out[indptr[i] + j] = table[rows[i], j] for j < lens[i]; out sized capacity"),
+    Op.ragged_gather: OpInfo(None, {"capacity": _DIM}, _infer_ragged_gather, _ref_ragged_gather, True,
+                             doc="out[indptr[i] + j] = table[rows[i], c(j)] for j < lens[i], out sized capacity; "
+                                 "c(j) = j, or with (split, shift) j + shift once j >= split[i]"),
     Op.reduce: OpInfo(1, {"fn": str}, _infer_reduce, _ref_reduce, True),
     Op.item: OpInfo(1, {}, _to(Placement.host), lambda ins, a: ins[0].clone(), False, syncs=True,
                     doc="device scalar to a host number (blocks)"),

@@ -157,21 +157,26 @@ class _Emitter:
         return p, f"stride_{self.nm(x)}", f"width_{self.nm(x)}"
 
     def _gather(self, n, p: str) -> None:
-        table, rows, lens, indptr = n.inputs
+        table, rows, lens, indptr, *jump = n.inputs
         tp, stride, width = self._table(table)
-        x = n.name
+        x = self.nm(n.name)
         if indptr in self.group:
             start = self.scalar(indptr)
         else:
-            start = self.emit(f"st_{self.nm(x)}", f"tl.load({self.arg(indptr)} + i)")
+            start = self.emit(f"st_{x}", f"tl.load({self.arg(indptr)} + i)")
+        cols = "o"
+        if jump:  # a branch's draft slots: entries from split on read shift columns further
+            split, shift = (self.scalar(v) for v in jump)
+            cols = f"(o + tl.where(o >= {split}, {shift}, 0))"
         self.meta["GBLOCK"] = GATHER_BLOCK
         self.lines += [
-            f"    row_{self.nm(x)} = {self.scalar(rows)}.to(tl.int64)",
-            f"    n_{self.nm(x)} = tl.minimum({self.scalar(lens)}, {width})",  # device guard: never past the row
-            f"    for j in range(0, n_{self.nm(x)}, GBLOCK):",
+            f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
+            f"    n_{x} = {self.scalar(lens)}",
+            f"    for j in range(0, n_{x}, GBLOCK):",
             "        o = j + tl.arange(0, GBLOCK)",
-            f"        mk = o < n_{self.nm(x)}",
-            f"        v = tl.load({tp} + row_{self.nm(x)} * {stride} + o, mask=mk)",
+            f"        c = {cols}",
+            f"        mk = (o < n_{x}) & (c < {width})",  # device guard: never past the row
+            f"        v = tl.load({tp} + row_{x} * {stride} + c, mask=mk)",
             f"        tl.store({p} + {start}.to(tl.int64) + o, v, mask=mk)",
         ]
 

@@ -53,10 +53,10 @@ def k_ewise_const(x, fn, value, out=None):
     return r.to(x.dtype) if out is None else out.copy_(r)
 
 
-def k_ragged_gather(table, rows, lens, indptr, capacity, out=None):
+def k_ragged_gather(table, rows, lens, indptr, *jump, capacity, out=None):
     if out is None:
         out = torch.empty(capacity, dtype=table.dtype, device=rows.device)
-    return triton_kernels.ragged_gather(table, rows, lens, indptr, out)
+    return triton_kernels.ragged_gather(table, rows, lens, indptr, out, *jump)
 
 
 def k_reduce(x, fn, out=None):

@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ..ir.ops import gather_columns  # noqa: E402
 from .launch import launch  # noqa: E402
 
 GATHER_BLOCK = 128
@@ -34,37 +35,49 @@ def set_cpu_kernels(impl: str) -> None:
 
 
 @triton.jit
-def _ragged_gather_kernel(table, table_stride, width, rows, lens, indptr, out, BLOCK: tl.constexpr):
-    # One program per request row: copy table[rows[i], :lens[i]] to out[indptr[i]:].
+def _ragged_gather_kernel(table, table_stride, width, rows, lens, indptr, split, shift, out,
+                          JUMP: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per request row: copy table[rows[i], cols] to out[indptr[i]:], where cols run
+    # 0..lens[i], or with JUMP skip shift[i] columns from entry split[i] on (a draft branch's slots).
     i = tl.program_id(0)
     row = tl.load(rows + i).to(tl.int64)
-    n = tl.minimum(tl.load(lens + i), width)  # device-side guard: never read past the row
+    n = tl.load(lens + i)
     start = tl.load(indptr + i).to(tl.int64)
     for j in range(0, n, BLOCK):
         offs = j + tl.arange(0, BLOCK)
-        m = offs < n
-        v = tl.load(table + row * table_stride + offs, mask=m)
+        cols = offs
+        if JUMP:
+            cols = offs + tl.where(offs >= tl.load(split + i), tl.load(shift + i), 0)
+        m = (offs < n) & (cols < width)  # device-side guard: never read past the row
+        v = tl.load(table + row * table_stride + cols, mask=m)
         tl.store(out + start + offs, v, mask=m)
 
 
 def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, indptr: torch.Tensor,
-                  out: torch.Tensor) -> torch.Tensor:
+                  out: torch.Tensor, split: torch.Tensor | None = None, shift: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     n = rows.shape[0]
     if n == 0:
         return out
     if out.device.type == "cpu" and CPU_KERNELS == "torch":
-        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out))  # a kernel: one opaque launch
+        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, split, shift))  # one opaque launch
         return out
-    args = (table, table.stride(0), table.shape[1], rows, lens, indptr, out)
-    launch(lambda: _ragged_gather_kernel[(n,)](*args, BLOCK=GATHER_BLOCK))
+    jump = split is not None
+    args = (table, table.stride(0), table.shape[1], rows, lens, indptr,
+            split if jump else lens, shift if jump else lens, out)  # unread placeholders without a jump
+    launch(lambda: _ragged_gather_kernel[(n,)](*args, JUMP=jump, BLOCK=GATHER_BLOCK))
     return out
 
 
-def _ragged_gather_torch(table, rows, lens, indptr, out):
+def _ragged_gather_torch(table, rows, lens, indptr, out, split=None, shift=None):
     """The kernel's CPU twin, row by row (its reads of lens and indptr are device-side reads)."""
-    width = table.shape[1]
-    for i, (r, n, s) in enumerate(zip(rows.tolist(), lens.tolist(), indptr.tolist(), strict=False)):
-        if i == rows.shape[0]:
-            break
-        n = min(n, width)
-        out[s : s + n] = table[r, :n]
+    width, bs = table.shape[1], rows.shape[0]
+    jumps = zip(split.tolist(), shift.tolist(), strict=True) if split is not None else [(None, 0)] * bs
+    for r, n, s, (sp, sh) in zip(rows.tolist(), lens.tolist()[:bs], indptr.tolist()[:bs], jumps, strict=True):
+        if sp is None:  # the plain gather: one slice copy
+            n = min(n, width)
+            out[s : s + n] = table[r, :n]
+            continue
+        cols = gather_columns(n, sp, sh)
+        keep = cols < width
+        out[s : s + n][keep] = table[r, cols[keep]]

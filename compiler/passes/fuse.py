@@ -33,8 +33,9 @@ def fusible(n, types, group: set[str], bs: int) -> bool:
     if n.op is Op.reduce:
         return types[ins[0]].shape == (bs,) and row_like(ins[0])
     if n.op is Op.ragged_gather:
-        table, rows, lens, indptr = ins  # a fused indptr can only be a prefix sum: the one (bs+1) op
-        return table not in group and row_like(rows) and row_like(lens) and types[indptr].shape == (bs + 1,)
+        table, rows, lens, indptr, *jump = ins  # a fused indptr can only be a prefix sum: the one (bs+1) op
+        return (table not in group and all(row_like(x) for x in (rows, lens, *jump))
+                and types[indptr].shape == (bs + 1,))
     if n.op is Op.page_table:
         return ins[0] not in group and row_like(ins[1]) and row_like(ins[2])
     if n.op is Op.repeat:

@@ -64,13 +64,17 @@ def test_capture_replay_on_cuda(name, mode):
 
 
 @pytest.mark.parametrize("inner", ["flashinfer", "triton"])
-def test_multistep_on_cuda(inner):
+@pytest.mark.parametrize(("topk", "page"), [(1, 1), (4, 1), (3, 16)])
+def test_multistep_on_cuda(inner, topk, page):
+    """S draft steps x topk branches (the branch layout on P 1 and P 16 pools), compiled Triton."""
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=2, device=dev)
     name = f"multistep_{inner}"
-    cb = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=(16,), max_context_len=L, num_steps=3))
+    opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(16,), max_context_len=L, num_steps=3, topk=topk,
+                          page_size=page)
+    cb = compile_backend(name, opts)
     be = cb.instantiate(pool, device=dev)
-    twin = get_eager(name)(pool, MAX_BS, num_steps=3)
+    twin = get_eager(name)(pool, MAX_BS, num_steps=3, topk=topk, page_size=page)
     cap = make_batch(16, L, ROWS, seed=1, max_len=4, device=dev)
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)
@@ -79,7 +83,7 @@ def test_multistep_on_cuda(inner):
     with g.capture():
         be.init_forward_metadata_in_graph(cap)
     for seed, raw in [(5, 16), (6, 11)]:
-        fb = make_batch(raw, L, ROWS, seed=seed, device=dev, max_len=L - 3)
+        fb = make_batch(raw, L, ROWS, seed=seed, device=dev, max_len=L - cb.spec.headroom(opts))
         be.init_forward_metadata_out_graph(ReplayView.of(fb, 16))
         g.replay()
         torch.cuda.synchronize()

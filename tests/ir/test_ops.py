@@ -96,3 +96,22 @@ def test_gather_rows_and_outer_hand_computed():
     assert OPS[Op.outer].ref([i32(5, 9), i32(0, 1, 2)], {"fn": "sub"}).tolist() == [[5, 4, 3], [9, 8, 7]]
     assert OPS[Op.outer].ref([i32(1, 3), i32(2)], {"fn": "gt"}).tolist() == [[False], [True]]
     assert OPS[Op.ewise_const].ref([i32(7, -7)], {"fn": "mod", "value": 4}).tolist() == [3, 1]
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton", "torch"])
+def test_ragged_gather_jump_hand_computed(impl):
+    """With (split, shift) entries from split on read shift columns further: a draft branch's slots."""
+    from attnmeta.compiler.lowering import triton_kernels
+
+    table = torch.arange(24, dtype=torch.int32).view(2, 12)  # row 1 = slots 12..23
+    ins = [table, T([1, 0]), i32(4, 3), i32(0, 4, 7), i32(2, 3), i32(5, 9)]
+    if impl == "reference":
+        out = OPS[Op.ragged_gather].ref(ins, {"capacity": 8})
+    else:
+        old, triton_kernels.CPU_KERNELS = triton_kernels.CPU_KERNELS, impl
+        try:
+            out = triton_kernels.ragged_gather(*ins[:4], torch.zeros(8, dtype=torch.int32), *ins[4:])
+        finally:
+            triton_kernels.CPU_KERNELS = old
+    # row 0 reads pool row 1 at columns 0, 1, then 2+5, 3+5; row 1 never reaches its split (3)
+    assert out[:7].tolist() == [12, 13, 19, 20, 0, 1, 2]
