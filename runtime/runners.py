@@ -100,18 +100,26 @@ class PiecewiseRunner:
 
 class DraftModel(DecodeModel):
     """Attention once per draft step, each reading its own step's metadata; outputs summed, as a
-    stand-in for the drafter's per-step forward."""
+    stand-in for the drafter's per-step forward. With ``topk`` K > 1, q and out hold K branches
+    per request (``[bs, K, H, Dh]``), the rows ``b*K + k`` the MultiStep metadata describes."""
 
-    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, num_steps: int):
+    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, num_steps: int, topk: int = 1):
         super().__init__(k_cache, v_cache, max_bs, max_len)
-        self.num_steps = num_steps
-        self.step_out = torch.zeros(num_steps, *self.q.shape, dtype=self.q.dtype, device=self.q.device)
+        self.num_steps, self.topk = num_steps, topk
+        if topk > 1:
+            self.q = self.q[:, None].repeat(1, topk, 1, 1).zero_()
+            self.out = torch.zeros_like(self.q)
+        rows = self.q.reshape(-1, *self.q.shape[-2:]).shape
+        self.step_out = torch.zeros(num_steps, *rows, dtype=self.q.dtype, device=self.q.device)
 
     def forward(self, meta, bs: int) -> torch.Tensor:
+        n = bs * self.topk
+        q, out = self.q[:bs].reshape(n, *self.q.shape[-2:]), self.out[:bs].view(n, *self.q.shape[-2:])
         for s in range(self.num_steps):
-            paged_decode_attention(self.q[:bs], self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
-                                   getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :bs])
-        return self.out[:bs].copy_(self.step_out[:, :bs].sum(0))
+            paged_decode_attention(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
+                                   getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :n])
+        out.copy_(self.step_out[:, :n].sum(0))
+        return self.out[:bs]
 
 
 def DraftRunner(backend, model: DraftModel, capture_sizes, device) -> GraphRunner:  # noqa: N802

@@ -48,6 +48,29 @@ def test_draft_runner_on_cuda():
         torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
 
 
+def test_draft_runner_with_branches_on_cuda():
+    from tests.runtime.test_runners import branch_pool
+
+    dev, S, K = torch.device("cuda"), 3, 4
+    cb = compile_backend("multistep_flashinfer", CompileOptions(max_bs=16, capture_sizes=(4, 16), max_context_len=L,
+                                                               num_steps=S, topk=K))
+    pool = make_pool(ROWS, L, seed=2, device=dev)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(ROWS * L + 1, 2, 16, generator=g).to(dev), torch.randn(ROWS * L + 1, 2, 16, generator=g).to(dev)
+    runner = DraftRunner(cb.instantiate(pool, device=dev), DraftModel(k, v, 16, L, S, topk=K), (4, 16), dev)
+    runner.capture()
+    for seed, raw in [(3, 16), (4, 3)]:
+        fb = make_batch(raw, L, ROWS, seed=seed, max_len=L - K * S, device=dev)
+        q = torch.randn(raw, K, 2, 16, generator=g).to(dev)
+        out = runner.run(fb, q)
+        torch.cuda.synchronize()
+        table = branch_pool(pool.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, K, S)
+        seq = fb.seq_lens_cpu.repeat_interleave(K)
+        want = sum(attention_from_pool(q.reshape(raw * K, 2, 16), k, v, table, torch.arange(raw * K), seq + s + 1)
+                   for s in range(S))
+        torch.testing.assert_close(out.cpu(), want.view(raw, K, 2, 16), rtol=1e-4, atol=1e-4)
+
+
 def test_piecewise_runner_on_cuda():
     from attnmeta.compiler import ForwardMode
     from attnmeta.runtime.runners import PiecewiseRunner

@@ -89,3 +89,35 @@ def test_draft_runner_runs_every_step_on_its_own_metadata():
                        for s in range(S))
             torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
     assert runner.stats["replay"] == 3
+
+
+def branch_pool(pool, rpi, seq, topk: int, num_steps: int):
+    """Oracle table for topk branches on a P 1 pool: row b*K + k is request b's prefix followed by
+    branch k's draft slots (req_to_token columns seq + k*S ...), written out by hand."""
+    rows = []
+    for r, n in zip(rpi.tolist(), seq.tolist(), strict=True):
+        for k in range(topk):
+            drafts = pool[r, n + k * num_steps : n + (k + 1) * num_steps]
+            rows.append(torch.cat([pool[r, :n], drafts, pool.new_zeros(pool.shape[1] - n - num_steps)]))
+    return torch.stack(rows)
+
+
+def test_draft_runner_with_branches():
+    """topk 2: each request's two branches attend to the prefix plus their own drafted tokens."""
+    S, K = 3, 2
+    cb = compile_backend("multistep_flashinfer", CompileOptions(max_bs=8, capture_sizes=(4, 8), max_context_len=L,
+                                                               num_steps=S, topk=K))
+    pool = make_pool(ROWS, L, seed=2)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(ROWS * L + 1, 2, 8, generator=g), torch.randn(ROWS * L + 1, 2, 8, generator=g)
+    runner = DraftRunner(cb.instantiate(pool), DraftModel(k, v, 8, L, S, topk=K), (4, 8), "cpu")
+    runner.capture()
+    for seed, raw in [(3, 8), (4, 3)]:
+        fb = make_batch(raw, L, ROWS, seed=seed, max_len=L - K * S)
+        q = torch.randn(raw, K, 2, 8, generator=g)
+        out = runner.run(fb, q)
+        table = branch_pool(pool, fb.req_pool_indices, fb.seq_lens_cpu, K, S)
+        seq = fb.seq_lens_cpu.repeat_interleave(K)
+        want = sum(attention_from_pool(q.reshape(raw * K, 2, 8), k, v, table, torch.arange(raw * K), seq + s + 1)
+                   for s in range(S))
+        torch.testing.assert_close(out, want.view(raw, K, 2, 8), rtol=0, atol=1e-5)
