@@ -28,3 +28,8 @@ def verify_mask(b: SpecBuilder, D: int) -> V:
     """The tree-mask buffer the drafter writes before each verify replay: D rows of (prefix + D)
     per request, at most max_bs*D*(L + D) entries, all True until written (padded rows see True)."""
     return b.full(1, [f"max_bs*{D}*(L + {D})"], DType.bool, name="custom_mask")
+
+
+def verify_headroom(mode, options) -> int:
+    """TARGET_VERIFY reads the D drafted tokens' slots after each prefix: seq_lens + D <= L."""
+    return options.num_draft_tokens if mode.is_target_verify() else 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, SpecBuilder
 
-from .common import decode_inputs, extend_lens
+from .common import decode_inputs, extend_lens, verify_headroom
 
 I32, I64 = DType.int32, DType.int64
 PAGE, SWA, TOPK = 256, 128, 512
@@ -87,4 +87,5 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
 
 
 SPEC = BackendSpec("dsv4", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
-                   doc="DeepSeek-V4 compressed attention: the raw->full upgrade recorded in the graph")
+                   doc="DeepSeek-V4 compressed attention: the raw->full upgrade recorded in the graph",
+                   headroom=verify_headroom)

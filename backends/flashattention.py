@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens
+from .common import decode_inputs, extend_lens, verify_headroom
 
 I32, I64 = DType.int32, DType.int64
 
@@ -41,7 +41,8 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
 
 
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
-                   doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W")
+                   doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W",
+                   headroom=verify_headroom)
 
 
 def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
@@ -64,4 +65,5 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
 
 
 DRAFT_SPEC = BackendSpec("flashattention_draft", build_draft, (ForwardMode.DECODE,),
-                         doc="FlashAttention draft decode: every step's metadata, S steps, topk 1")
+                         doc="FlashAttention draft decode: every step's metadata, S steps, topk 1",
+                         headroom=lambda mode, options: options.num_steps)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens, prefix_lens, verify_mask
+from .common import decode_inputs, extend_lens, prefix_lens, verify_headroom, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
@@ -105,4 +105,5 @@ def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
 
 MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND)
 SPEC = BackendSpec("flashinfer", build, MODES,
-                   doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()")
+                   doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()",
+                   headroom=verify_headroom)

@@ -31,7 +31,7 @@ def branch_stride(options: CompileOptions, page_offset: int) -> int:
     return -(-(page_offset + S) // P) * P
 
 
-def headroom(options: CompileOptions) -> int:
+def headroom(mode: ForwardMode, options: CompileOptions) -> int:
     """Columns past seq_lens the last branch's last draft may use (the page offset at its worst)."""
     return (options.topk - 1) * branch_stride(options, options.page_size - 1) + options.num_steps
 
@@ -59,10 +59,10 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
 
 def multistep(inner: BackendSpec) -> BackendSpec:
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
-        if headroom(options) >= options.max_context_len:
+        if headroom(mode, options) >= options.max_context_len:
             raise OptionsError(f"multistep with topk={options.topk}, num_steps={options.num_steps} and page_size="
-                               f"{options.page_size} needs {headroom(options)} slots past each prefix, not fewer "
-                               f"than max_context_len={options.max_context_len}; raise max_context_len")
+                               f"{options.page_size} needs {headroom(mode, options)} slots past each prefix, not "
+                               f"fewer than max_context_len={options.max_context_len}; raise max_context_len")
         g = inner.build(ForwardMode.DECODE, options)
         b = SpecBuilder(f"multistep.{g.name}")
         ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror)

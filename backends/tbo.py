@@ -54,4 +54,5 @@ def tbo(inner: BackendSpec) -> BackendSpec:
         b.outputs(ragged=ragged, **fields)
         return b.build()
 
-    return BackendSpec(f"tbo_{inner.name}", build, inner.modes, doc=f"two-batch overlap around {inner.name}")
+    return BackendSpec(f"tbo_{inner.name}", build, inner.modes, doc=f"two-batch overlap around {inner.name}",
+                       headroom=inner.headroom)

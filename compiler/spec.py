@@ -17,6 +17,6 @@ class BackendSpec:
     build: Callable[[ForwardMode, CompileOptions], Graph]  # one generic graph per graph-key mode
     modes: tuple[ForwardMode, ...]  # modes the spec supports
     doc: str = ""
-    # Tokens a step reads past seq_lens (a multi-step drafter's slots): the runtime refuses a
-    # sequence longer than max_context_len minus this, instead of reading past the pool row.
-    headroom: Callable[[CompileOptions], int] = lambda options: 0
+    # Columns a step of this mode reads past seq_lens (verify drafts, a multi-step drafter's slots):
+    # the runtime refuses a sequence longer than max_context_len minus this, instead of clipping it.
+    headroom: Callable[[ForwardMode, CompileOptions], int] = lambda mode, options: 0

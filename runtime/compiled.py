@@ -60,9 +60,6 @@ class CompiledAttentionBackend(AttentionBackend):
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
         self.max_context_len = compiled.options.max_context_len
-        self.headroom = compiled.spec.headroom(compiled.options)  # slots a step reads past seq_lens
-        self._limit_why = f"max_context_len={self.max_context_len}" + (
-            f" less the {self.headroom} slots the draft steps use past each prefix" if self.headroom else "")
         self.env = {**compiled.options.symbols(), "bs": self.max_bs}
         self.inputs: dict[tuple[ForwardMode, str], torch.Tensor] = {}  # static, at max_bs
         self.outbufs: dict[str, torch.Tensor] = {}
@@ -133,6 +130,9 @@ class CompiledAttentionBackend(AttentionBackend):
 
     def _stager(self, mode: ForwardMode, g, env) -> Stager:
         slots, seen, nbytes = [], set(), 0
+        room = self.compiled.spec.headroom(mode, self.compiled.options)  # columns a step reads past seq_lens
+        why = f"max_context_len={self.max_context_len}" + (
+            f" less the {room} slots {mode.name.lower()} reads past each sequence" if room else "")
         batch = [i for i in g.inputs if i.role is Role.batch]
         for i in batch:
             key = i.offset if i.offset is not None else i.name
@@ -146,7 +146,7 @@ class CompiledAttentionBackend(AttentionBackend):
             slots.append(Slot(i.source, (dev or i).name, host,
                               None if dev is None else self._view(self.inputs[(mode, dev.name)], dev.type, env),
                               i.fill if i.fill is not None else 0,
-                              self.max_context_len - self.headroom if seq else None, self._limit_why,
+                              self.max_context_len - room if seq else None, why,
                               host.numel() // env["bs"] if env["bs"] else 1))
             if i.offset is not None:
                 nbytes = max(nbytes, i.offset + host.numel() * host.element_size())

@@ -83,7 +83,7 @@ def test_multistep_on_cuda(inner, topk, page):
     with g.capture():
         be.init_forward_metadata_in_graph(cap)
     for seed, raw in [(5, 16), (6, 11)]:
-        fb = make_batch(raw, L, ROWS, seed=seed, device=dev, max_len=L - cb.spec.headroom(opts))
+        fb = make_batch(raw, L, ROWS, seed=seed, device=dev, max_len=L - cb.spec.headroom(DEC, opts))
         be.init_forward_metadata_out_graph(ReplayView.of(fb, 16))
         g.replay()
         torch.cuda.synchronize()

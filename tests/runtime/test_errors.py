@@ -29,6 +29,37 @@ def test_sequence_longer_than_context(backend):
         backend.init_forward_metadata(fb)
 
 
+@pytest.mark.parametrize(("name", "mode", "room"), [
+    ("flashinfer", ForwardMode.TARGET_VERIFY, L - 4),  # keys: the prefix and the D = 4 drafts after it
+    ("flashattention", ForwardMode.TARGET_VERIFY, L - 4),
+    ("dsv4", ForwardMode.TARGET_VERIFY, L - 4),
+    ("triton", ForwardMode.TARGET_VERIFY, L),  # keys: the prefix only, the drafts' K/V come separately
+    ("flashattention_draft", ForwardMode.DECODE, L - 3),  # S = 3 drafted tokens
+    ("tbo_flashinfer", ForwardMode.TARGET_VERIFY, L - 4),
+])
+def test_a_sequence_without_room_for_what_the_mode_reads_is_refused(name, mode, room):
+    opts = CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L, num_draft_tokens=4, num_steps=3,
+                          modes=(mode.name.lower(),))
+    be = compile_backend(name, opts).instantiate(make_pool(ROWS, L), pools=extra_pools(name))
+    fb = make_batch(2, L, ROWS, seed=0, mode=mode, max_len=2)
+    fb.out_cache_loc = torch.arange(8)  # DSV4 verify: one slot per token
+    fb.extend_seq_lens = fb.extend_seq_lens_cpu = torch.ones(2, dtype=torch.int32)
+    fb.seq_lens_cpu[1] = room
+    be.init_forward_metadata(fb)  # the longest it serves
+    if room < L:
+        fb.seq_lens_cpu[1] = room + 1
+        with pytest.raises(BatchError, match=rf"exceeds {room}, .*max_context_len={L} less the {L - room} slots"):
+            be.init_forward_metadata(fb)
+
+
+def extra_pools(name):
+    if name != "dsv4":
+        return {}
+    from attnmeta.backends.eager.dsv4 import swa_table
+
+    return {"full_to_swa": swa_table(ROWS * L + 1, "cpu")}
+
+
 def test_missing_batch_field(backend):
     fb = make_batch(2, L, ROWS, seed=0)
     fb.req_pool_indices = None

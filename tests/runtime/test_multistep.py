@@ -29,7 +29,7 @@ def test_every_step_matches_the_twin(inner, topk, page):
     twin = get_eager(name)(pool, MAX_BS, num_steps=S, topk=topk, page_size=page)
     # every step's metadata in one kernel per row space: the requests, and with topk > 1 their branches
     assert all(r["kernels"] == ("1" if topk == 1 else "2") for r in cb.summary())
-    room = L - cb.spec.headroom(opts)
+    room = L - cb.spec.headroom(ForwardMode.DECODE, opts)
     for bs in SIZES:
         be = cb.instantiate(pool)
         g = capture(be, make_batch(bs, L, ROWS, seed=bs, max_len=3))
@@ -101,7 +101,8 @@ def test_a_sequence_without_room_for_the_drafts_is_refused():
     be = cb.instantiate(make_pool(ROWS, L, seed=3))
     fb = make_batch(2, L, ROWS, seed=0, max_len=4)
     fb.seq_lens_cpu[1] = L - 5
-    with pytest.raises(BatchError, match=rf"{L - 5} tokens exceeds {L - 6}, .*max_context_len={L} less the 6 slots"):
+    want = rf"{L - 5} tokens exceeds {L - 6}, .*max_context_len={L} less the 6 slots decode reads"
+    with pytest.raises(BatchError, match=want):
         be.init_forward_metadata(fb)
     fb.seq_lens_cpu[1] = L - 6
     be.init_forward_metadata(fb)
