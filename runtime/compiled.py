@@ -68,6 +68,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.consts: dict[tuple, torch.Tensor] = {}
         self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
         self._current: _Bound | None = None
+        self.planning: _Bound | None = None
         self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
         self._allocate()
 
@@ -214,6 +215,7 @@ class CompiledAttentionBackend(AttentionBackend):
                                  f"compiled for; recompile with a larger --max-bs")
             b = self.bound(fb.forward_mode, fb.batch_size)
         b.stager.stage(fb, fb.batch_size, raw)
+        self.planning = b  # planners that bind device buffers (FlashInfer) read this binding's views
         if b.plan.out_results:
             results = b.out_fn(*b.out_args)
             n_cross = len(b.crossing)

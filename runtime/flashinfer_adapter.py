@@ -1,12 +1,14 @@
 """FlashInfer behind a compiled backend (GPU, optional extra ``flashinfer``).
 
-One graph-mode decode wrapper per batch size, built on the compiled
-backend's static buffers (``kv_indptr``, ``kv_indices``,
-``kv_last_page_len`` views of that size), sharing one float workspace. The
-spec's ``host_call("flashinfer.decode_plan", ...)`` dispatches to ``plan``
-here, in out_graph, before capture and before every replay, from host
-indptrs only; the plan's result, the wrapper, becomes the ``plan`` metadata
-field, whose ``run`` the captured model calls.
+One graph-mode decode wrapper per planner node and batch size, built on the
+compiled backend's static buffers, sharing one float workspace. The spec's
+``host_call("flashinfer.decode_plan", ...)`` dispatches to ``plan`` here, in
+out_graph, before capture and before every replay, from host indptrs only;
+the plan's result, the wrapper, becomes the planner's metadata field, whose
+``run`` the captured model calls. The planner node's name says which fields
+it plans: ``plan`` binds ``kv_indptr``, ``kv_indices`` and
+``kv_last_page_len``; ``step2_plan`` (MultiStep) the ``step2_`` ones;
+``tbo0_plan`` (TBO) a child's.
 
 Traps this handles: the decode wrapper's buffer keywords end in ``_buffer``
 (the prefill wrapper's in ``_buf``); in graph mode ``plan()`` copies the
@@ -18,8 +20,6 @@ indices itself: copying them again would cost a device copy per step).
 from __future__ import annotations
 
 import torch
-
-from attnmeta.compiler.modes import ForwardMode
 
 PLANNER = "flashinfer.decode_plan"
 
@@ -33,21 +33,30 @@ class FlashInferDecodeAdapter:
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=backend.device)
-        self.wrappers: dict[int, object] = {}
+        self.wrappers: dict[tuple, object] = {}
         backend.planners[PLANNER] = self.plan
 
-    def wrapper(self, bs: int):
-        w = self.wrappers.get(bs)
+    def wrapper(self, key: str):
+        """The wrapper of planner node ``key`` in the binding being planned (mode and batch size)."""
+        b = self.backend.planning
+        prefix = key.removesuffix("plan")
+        wkey = (b.mode, b.plan.graph.env["bs"], prefix)
+        w = self.wrappers.get(wkey)
         if w is None:
-            m = self.backend.bound(ForwardMode.DECODE, bs).meta
-            w = self.wrappers[bs] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=m.kv_indptr,
-                paged_kv_indices_buffer=m.kv_indices, paged_kv_last_page_len_buffer=m.kv_last_page_len)
-            w.attnmeta_empty_indices = m.kv_indices[:0]
+            m = b.meta
+            try:
+                bufs = [getattr(m, prefix + f) for f in ("kv_indptr", "kv_indices", "kv_last_page_len")]
+            except AttributeError:
+                raise KeyError(f"planner node {key!r} has no {prefix}kv_indptr/kv_indices/kv_last_page_len "
+                               "fields to bind a FlashInfer decode wrapper to") from None
+            w = self.wrappers[wkey] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
+                paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
+            w.attnmeta_empty_indices = bufs[1][:0]
         return w
 
-    def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor):
-        w = self.wrapper(last_page_len_host.shape[0])
+    def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "plan"):
+        w = self.wrapper(key)
         hq, hkv, d = self.heads
         w.plan(indptr_host, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
                q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])

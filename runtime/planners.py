@@ -27,7 +27,7 @@ class ReferenceDecodePlanner:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor) -> DecodePlan:
+    def __call__(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "") -> DecodePlan:
         if indptr_host.device.type != "cpu":
             raise PlanError("plan() needs the indptr on the host; a device indptr forces a blocking copy "
                             "every replay. Compute it from seq_lens_cpu in out_graph.")
@@ -44,7 +44,7 @@ class ReferencePrefillPlanner:
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor) -> DecodePlan:
+    def __call__(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "") -> DecodePlan:
         for name, t in (("qo_indptr", qo_indptr_host), ("kv_indptr", kv_indptr_host)):
             if t.device.type != "cpu":
                 raise PlanError(f"plan() needs {name} on the host; compute it in out_graph from host mirrors")

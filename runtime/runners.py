@@ -103,8 +103,9 @@ class DraftModel(DecodeModel):
     stand-in for the drafter's per-step forward. With ``topk`` K > 1, q and out hold K branches
     per request (``[bs, K, H, Dh]``), the rows ``b*K + k`` the MultiStep metadata describes."""
 
-    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, num_steps: int, topk: int = 1):
-        super().__init__(k_cache, v_cache, max_bs, max_len)
+    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, num_steps: int, topk: int = 1,
+                 q_heads: int | None = None):
+        super().__init__(k_cache, v_cache, max_bs, max_len, q_heads=q_heads)
         self.num_steps, self.topk = num_steps, topk
         if topk > 1:
             self.q = self.q[:, None].repeat(1, topk, 1, 1).zero_()
@@ -116,6 +117,12 @@ class DraftModel(DecodeModel):
         n = bs * self.topk
         q, out = self.q[:bs].reshape(n, *self.q.shape[-2:]), self.out[:bs].view(n, *self.q.shape[-2:])
         for s in range(self.num_steps):
+            plan = getattr(meta, f"step{s}_plan", None)
+            if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
+                from .flashinfer_adapter import run_decode
+
+                run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
+                continue
             paged_decode_attention(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
                                    getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :n])
         out.copy_(self.step_out[:, :n].sum(0))

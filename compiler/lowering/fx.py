@@ -98,7 +98,7 @@ class _Builder:
         ins = [self.env[x] if x in self.env else self.arg(x) for x in n.inputs]
         kw = kernel_kwargs(n)
         if n.op is Op.host_call:
-            r = self.g.call_function(KERNELS[Op.host_call], (self.arg(PLANNERS), kw["target"], *ins))
+            r = self.g.call_function(KERNELS[Op.host_call], (self.arg(PLANNERS), kw["target"], *ins), {"key": n.name})
         elif n.op is Op.to_device:
             r = self.g.call_function(KERNELS[n.op], tuple(ins), {"device": self.arg(DEVICE), "out": out})
         else:

@@ -80,12 +80,14 @@ def k_nonzero(x, out=None):
     return torch.nonzero(x).flatten()
 
 
-def k_host_call(planners: Mapping[str, Callable], target: str, *args):
+def k_host_call(planners: Mapping[str, Callable], target: str, *args, key: str = ""):
+    """``key`` names the calling node (``plan``, ``step2_plan``, ``tbo0_plan``): a planner that binds
+    device buffers (FlashInfer's graph-mode wrappers) finds the fields it plans for by it."""
     try:
         fn = planners[target]
     except KeyError:
         raise KeyError(f"no planner bound for host_call target {target!r}; bound: {sorted(planners)}") from None
-    return fn(*args)
+    return fn(*args, key=key)
 
 
 def _into(r, out):
