@@ -45,13 +45,19 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
         raise OptionsError(f"multistep with topk={K} needs an inner decode whose kv indices are ragged gathers; "
                            f"{g.name} reads req_to_token with {sorted(o.value for o in reads)}")
     rows = {}
+    with b.in_graph():
+        z = b.arange("bs*K", name="branch_row")
+        owner = b.ewise("floordiv", z, K, name="branch_owner")  # on device a per-row read, so one kernel
     for i in g.inputs:
-        if i.role is Role.batch:
-            with b.out_graph() if i.type.placement.on_host else b.in_graph():
+        if i.role is Role.batch and i.type.placement.on_host:
+            with b.out_graph():
                 rows[i.name] = b.repeat(ins[i.name], "K", name=f"branch_{i.name}")
+        elif i.role is Role.batch:
+            with b.in_graph():
+                rows[i.name] = b.lookup(ins[i.name], owner, name=f"branch_{i.name}")
     with b.in_graph():
         seq = rows["seq_lens"]
-        k = b.ewise("mod", b.arange("bs*K", name="branch_row"), K, name="branch")
+        k = b.ewise("mod", z, K, name="branch")
         stride = b.ewise("mul", b.ewise("ceildiv", b.ewise("add", b.ewise("mod", seq, P), S), P), P)
         shift = b.ewise("mul", k, stride, name="branch_shift")
     return {**ins, **rows}, (seq, shift)
