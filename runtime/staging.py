@@ -41,12 +41,19 @@ class Slot:
     limit_why: str = ""  # where the limit comes from, for the error
     per_row: int = 1  # values per request: 1 for request fields, T for token fields ([bs*T])
     np: np.ndarray = attrs.field(init=False)
+    mv: memoryview = attrs.field(init=False)
     ptr: int = attrs.field(init=False)
     itemsize: int = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.np = self.host.numpy()
+        self.mv = memoryview(self.np)
         self.ptr, self.itemsize = self.host.data_ptr(), self.host.element_size()
+
+    def largest(self, live: int) -> int:
+        # NumPy's reduction costs ~1.5 µs however short the array; Python's max over the
+        # buffer is cheaper up to ~60 values, the batch sizes where a microsecond matters most
+        return max(self.mv[:live]) if live <= 48 else int(self.np[:live].max())
 
     def write(self, src: torch.Tensor, raw: int) -> None:
         """Live rows into the staging buffer. A same-dtype contiguous source is one memmove
@@ -80,14 +87,14 @@ class Stager:
             live, total = raw * s.per_row, bs * s.per_row
             if src.shape[0] < live:
                 raise BatchError(f"{s.source} has {src.shape[0]} values for a batch of {raw} x {s.per_row}")
-            if src.device.type != "cpu":
+            if not src.is_cpu:
                 if s.dev is None:
                     raise BatchError(f"{s.source} must be a host tensor: the spec reads it on the host")
                 late.append((s, src))  # device-only field: D2D after the packed copy, never a D2H sync
             elif live:
                 s.write(src, live)
-                if s.limit is not None and s.np[:live].max() > s.limit:
-                    raise BatchError(f"a sequence of {int(s.np[:live].max())} tokens exceeds {s.limit}, the "
+                if s.limit is not None and s.largest(live) > s.limit:
+                    raise BatchError(f"a sequence of {s.largest(live)} tokens exceeds {s.limit}, the "
                                      f"longest this backend serves ({s.limit_why}); recompile with a larger "
                                      f"--max-context-len")
             if live < total:

@@ -91,3 +91,15 @@ def test_unsupported_mode_and_bad_options():
         CompileOptions(modes=("decod",))
     with pytest.raises(KeyError, match="unknown backend 'flashinfr'; available"):
         get_spec("flashinfr")
+
+
+@pytest.mark.parametrize("live", [1, 48, 49, 200])
+def test_the_length_check_sees_every_live_row(live):
+    """Both ways of finding the longest sequence (short and long batches) read exactly the live rows."""
+    from attnmeta.runtime.staging import Slot
+
+    host = torch.ones(256, dtype=torch.int32)
+    slot = Slot("seq_lens_cpu", "seq_lens", host, None, 1, limit=100)
+    host[live - 1] = 101  # the last live row is the long one
+    host[live] = 500  # past the live rows: not looked at
+    assert slot.largest(live) == 101
