@@ -65,7 +65,8 @@ def cmd_demo(a) -> int:
     from .demo import format_result, run_demo
 
     kw = {"capture_sizes": tuple(a.capture_sizes)} if a.capture_sizes else {}
-    r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed, **kw)
+    r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed, num_steps=a.num_steps,
+                 topk=a.topk, **kw)
     print(format_result(r))
     for f in r.failures[:5]:
         print(f"  mismatch at step {f[0]} (bs {f[1]}): {', '.join(f[2])}")
@@ -116,8 +117,12 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--diff", action="store_true", help="show the diff between consecutive passes")
     i.set_defaults(fn=cmd_inspect)
     d = sub.add_parser("demo", help="serving loop on the default backend, checked against eager every step")
-    d.add_argument("--backend", default="flashinfer", choices=[b for b in list_backends() if "dsv4" not in b],
-                   help="a backend whose metadata the demo's attention reads (DSV4 has no attention kernel here)")
+    d.add_argument("--backend", default="flashinfer",
+                   choices=[b for b in list_backends() if "dsv4" not in b and b != "flashattention_draft"],
+                   help="a backend whose metadata the demo's attention reads (DSV4 and the FlashAttention "
+                        "drafter have no attention kernel here); multistep_* runs the EAGLE drafter")
+    d.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
+    d.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
     d.add_argument("--steps", type=int, default=120)
     d.add_argument("--max-bs", type=int, default=48)
     d.add_argument("--capture-sizes", type=int, nargs="+", help="default: 1 2 4 8 16 24 32 (up to --max-bs)")

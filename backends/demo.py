@@ -1,5 +1,8 @@
 """``attnmeta demo``: compile the default backend, then drive a serving loop
-through the GraphRunner and check every step against the eager twin."""
+through the GraphRunner and check every step against the eager twin. A
+``multistep_*`` backend runs as an EAGLE drafter instead: the DraftRunner,
+S draft steps and topk branches per request, with the pool handing out the
+drafts' slots every step."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.runtime import DecodeModel, GraphRunner
-from attnmeta.runtime.attention import attention_from_pool
+from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
+from attnmeta.runtime.runners import DraftModel, DraftRunner
 from attnmeta.runtime.serving import ServingSim
 
 from .eager import get_eager
@@ -35,24 +39,33 @@ class DemoResult:
 
 
 def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, max_context_len: int = 256,
-             capture_sizes=(1, 2, 4, 8, 16, 24, 32), device: str | None = None, seed: int = 0) -> DemoResult:
+             capture_sizes=(1, 2, 4, 8, 16, 24, 32), device: str | None = None, seed: int = 0,
+             num_steps: int = 3, topk: int = 1) -> DemoResult:
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     capture_sizes = tuple(s for s in capture_sizes if s <= max_bs) or (max_bs,)
     res = DemoResult(backend, str(dev), captured=tuple(capture_sizes))
+    draft = backend.startswith("multistep_")
     t0 = time.perf_counter()
     compiled = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=capture_sizes,
-                                                       max_context_len=max_context_len))
+                                                       max_context_len=max_context_len, num_steps=num_steps,
+                                                       topk=topk))
     res.compile_s = time.perf_counter() - t0
     sim = ServingSim(max_reqs=max_bs, max_context_len=max_context_len, num_slots=max_bs * max_context_len + 1,
-                     device=dev, seed=seed, max_batch=max_bs)
+                     device=dev, seed=seed, max_batch=max_bs, draft_slots=num_steps * topk if draft else 0)
     be = compiled.instantiate(sim.req_to_token, device=dev)
-    model = DecodeModel(sim.k_cache, sim.v_cache, max_bs, max_context_len)
-    runner = GraphRunner(be, model, capture_sizes, dev)
+    if draft:
+        model = DraftModel(sim.k_cache, sim.v_cache, max_bs, max_context_len, num_steps, topk)
+        runner = DraftRunner(be, model, capture_sizes, dev)
+        eager = get_eager(backend)(sim.req_to_token, max_bs, num_steps=num_steps, topk=topk)
+    else:
+        runner = GraphRunner(be, DecodeModel(sim.k_cache, sim.v_cache, max_bs, max_context_len), capture_sizes, dev)
+        eager = get_eager(backend)(sim.req_to_token, max_bs)  # page size 1: the demo's pool is token-granular
     runner.capture()
-    eager = get_eager(backend)(sim.req_to_token, max_bs)  # page size 1: the demo's pool is token-granular
     t1 = time.perf_counter()
     for step in range(steps):
         fb, q = sim.step()
+        if draft and topk > 1:  # a query per branch
+            q = q[:, None].expand(-1, topk, -1, -1) + torch.arange(topk, device=dev)[:, None, None]
         out = runner.run(fb, q)
         res.steps += 1
         if fb.forward_mode.is_idle():
@@ -64,8 +77,12 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
         if bad:
             res.mismatches += 1
             res.failures.append((step, fb.batch_size, bad))
-        want = attention_from_pool(q, sim.k_cache, sim.v_cache, sim.req_to_token, fb.req_pool_indices,
-                                   fb.seq_lens_cpu)
+        if draft:
+            want = draft_attention_from_pool(q, sim.k_cache, sim.v_cache, sim.req_to_token.cpu(),
+                                             fb.req_pool_indices.cpu(), fb.seq_lens_cpu, num_steps, topk)
+        else:
+            want = attention_from_pool(q, sim.k_cache, sim.v_cache, sim.req_to_token, fb.req_pool_indices,
+                                       fb.seq_lens_cpu)
         res.max_abs_diff = max(res.max_abs_diff, float((out.cpu() - want).abs().max()))
     res.loop_s = time.perf_counter() - t1
     res.replays, res.eager = runner.stats["replay"], runner.stats["eager"]

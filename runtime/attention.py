@@ -52,6 +52,27 @@ def attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
 
 
+def draft_attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens_cpu, num_steps: int,
+                              topk: int = 1):
+    """Oracle for a drafter's S steps on a page-size-1 pool, summed over steps as DraftModel sums
+    them: at step s, branch k of request b attends to its prefix, then to the s + 1 slots at
+    columns seq_b + k*S onwards. q is [bs, H, Dh], or [bs, K, H, Dh] with topk K > 1."""
+    rows = []
+    for r, n in zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True):
+        for k in range(topk):
+            drafts = req_to_token[r, n + k * num_steps : n + (k + 1) * num_steps]
+            rows.append(torch.cat([req_to_token[r, :n], drafts]))
+    width = max((len(x) for x in rows), default=0)
+    table = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in rows]) if rows else None
+    flat = q.reshape(-1, *q.shape[-2:])
+    if table is None:
+        return q.new_zeros(q.shape).cpu()
+    seq = seq_lens_cpu.repeat_interleave(topk)
+    out = sum(attention_from_pool(flat, k_cache, v_cache, table, torch.arange(len(rows)), seq + s + 1)
+              for s in range(num_steps))
+    return out.view(q.shape)
+
+
 def decode_attention_loop(q, k_cache, v_cache, kv_indptr, kv_indices):
     """Oracle: one request at a time, keys taken straight from its index range."""
     outs = []

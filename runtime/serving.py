@@ -2,7 +2,10 @@
 and a scheduler that changes the batch every step (requests arrive, grow by
 one decoded token, finish; some steps are IDLE, some exceed the largest
 captured size). Slots are handed out shuffled, so a request's KV is never
-contiguous, as in a real pool after churn."""
+contiguous, as in a real pool after churn. With ``draft_slots`` > 0 it also
+plays a speculative drafter: every step, each request gets that many fresh
+slots right after its sequence (topk branches x S steps, as an EAGLE
+drafter allocates them), released at the next step."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ class PoolExhausted(RuntimeError):
 
 class ServingSim:
     def __init__(self, max_reqs: int, max_context_len: int, num_slots: int, heads: int = 2, head_dim: int = 16,
-                 device="cpu", seed: int = 0, idle_prob: float = 0.05, max_batch: int | None = None):
+                 device="cpu", seed: int = 0, idle_prob: float = 0.05, max_batch: int | None = None,
+                 draft_slots: int = 0):
         self.rng = random.Random(seed)
         self.L, self.device = max_context_len, torch.device(device)
         self.max_batch = max_batch or max_reqs
@@ -38,6 +42,7 @@ class ServingSim:
         self.v_cache = torch.randn(num_slots, heads, head_dim, generator=g).to(self.device)
         self.qgen = g
         self.target = 1
+        self.draft_slots, self.drafts = draft_slots, {}  # row -> this step's draft slots
 
     def _take(self, n: int) -> list[int]:
         if n > len(self.free_slots):
@@ -54,7 +59,7 @@ class ServingSim:
     def _arrive(self) -> None:
         if not self.free_rows:
             return
-        n = self.rng.randint(1, max(1, self.L // 2))
+        n = self.rng.randint(1, max(1, min(self.L // 2, self.L - self.draft_slots - 1)))  # room to decode + draft
         if n + 64 > len(self.free_slots):
             return
         row = self.free_rows.pop()
@@ -64,7 +69,12 @@ class ServingSim:
 
     def step(self) -> tuple[ForwardBatch, torch.Tensor]:
         """Advance the scheduler one step; returns the decode batch and its queries."""
-        for row in [r for r, n in self.running.items() if n >= self.L or self.rng.random() < 0.06]:
+        for row, slots in self.drafts.items():  # last step's drafts: rejected, their slots back to the pool
+            self.req_to_token[row, self.running[row] : self.running[row] + len(slots)] = 0
+            self.free_slots += slots
+        self.drafts = {}
+        room = self.L - self.draft_slots
+        for row in [r for r, n in self.running.items() if n >= room or self.rng.random() < 0.06]:
             self._finish(row)
         # a random walk pulled towards 40% of the largest batch, with bursts that overshoot it
         pull = 1 if self.target < 0.4 * self.max_batch else -1
@@ -80,6 +90,10 @@ class ServingSim:
             self.slots[row].append(slot)
             self.req_to_token[row, self.running[row]] = slot
             self.running[row] += 1
+            if self.draft_slots:
+                n = self.running[row]
+                self.drafts[row] = self._take(self.draft_slots)
+                self.req_to_token[row, n : n + self.draft_slots] = torch.tensor(self.drafts[row], dtype=torch.int32)
         seq = torch.tensor([self.running[r] for r in rows], dtype=torch.int32)
         rpi = torch.tensor(rows, dtype=torch.int64)
         q = torch.randn(len(rows), *self.k_cache.shape[1:], generator=self.qgen).to(self.device)

@@ -84,3 +84,11 @@ def test_demo_every_backend_matches_the_pool_oracle(backend):
     r = run_demo(backend, steps=10, max_bs=12, capture_sizes=(1, 4, 8))
     assert r.mismatches == 0 and r.steps == 10
     assert r.max_abs_diff < 1e-5
+
+
+def test_demo_runs_the_drafter_with_branches(capsys):
+    """multistep_*: the DraftRunner over a pool that hands out each branch's draft slots every step."""
+    assert main(["demo", "--backend", "multistep_triton", "--topk", "2", "--num-steps", "2", "--steps", "8",
+                 "--max-bs", "8", "--capture-sizes", "2", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "metadata mismatches        0" in out and "graph replays" in out and out.rstrip().endswith("OK")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime.attention import attention_from_pool
+from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
 from attnmeta.runtime.runners import BreakableGraph, DraftModel, DraftRunner
 from tests.batches import make_batch, make_pool
 
@@ -49,8 +49,6 @@ def test_draft_runner_on_cuda():
 
 
 def test_draft_runner_with_branches_on_cuda():
-    from tests.runtime.test_runners import branch_pool
-
     dev, S, K = torch.device("cuda"), 3, 4
     cb = compile_backend("multistep_flashinfer", CompileOptions(max_bs=16, capture_sizes=(4, 16), max_context_len=L,
                                                                num_steps=S, topk=K))
@@ -64,11 +62,8 @@ def test_draft_runner_with_branches_on_cuda():
         q = torch.randn(raw, K, 2, 16, generator=g).to(dev)
         out = runner.run(fb, q)
         torch.cuda.synchronize()
-        table = branch_pool(pool.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, K, S)
-        seq = fb.seq_lens_cpu.repeat_interleave(K)
-        want = sum(attention_from_pool(q.reshape(raw * K, 2, 16), k, v, table, torch.arange(raw * K), seq + s + 1)
-                   for s in range(S))
-        torch.testing.assert_close(out.cpu(), want.view(raw, K, 2, 16), rtol=1e-4, atol=1e-4)
+        want = draft_attention_from_pool(q, k, v, pool.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, S, K)
+        torch.testing.assert_close(out.cpu(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_piecewise_runner_on_cuda():

@@ -8,7 +8,7 @@ import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import DecodeModel, ForwardBatch, GraphRunner
-from attnmeta.runtime.attention import attention_from_pool
+from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
 from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 from tests.batches import make_batch, make_pool
 
@@ -46,7 +46,6 @@ def test_multistep_draft_steps_through_flashinfer(topk):
     """The drafter's S steps (and K branches), one graph-mode wrapper per step on that step's
     buffers, captured and replayed: each branch attends to its prefix plus its own drafts."""
     from attnmeta.runtime.runners import DraftModel, DraftRunner
-    from tests.runtime.test_runners import branch_pool
 
     dev, S, sizes = torch.device("cuda"), 3, (4, 16)
     pool = make_pool(ROWS, L, seed=5, device=dev)
@@ -64,12 +63,9 @@ def test_multistep_draft_steps_through_flashinfer(topk):
         q = torch.randn(raw, *([topk] if topk > 1 else []), 8, 128, generator=g).to(dev)
         out = runner.run(fb, q.bfloat16())
         torch.cuda.synchronize()
-        table = branch_pool(pool.cpu(), fb.req_pool_indices.cpu(), fb.seq_lens_cpu, topk, S)
-        seq = fb.seq_lens_cpu.repeat_interleave(topk)
-        want = sum(attention_from_pool(q.reshape(raw * topk, 8, 128), k.repeat_interleave(4, 1),
-                                       v.repeat_interleave(4, 1), table, torch.arange(raw * topk), seq + s + 1)
-                   for s in range(S))
-        rel = (out.float().cpu().reshape(want.shape) - want).norm() / want.norm()
+        want = draft_attention_from_pool(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), pool.cpu(),
+                                         fb.req_pool_indices.cpu(), fb.seq_lens_cpu, S, topk)
+        rel = (out.float().cpu() - want).norm() / want.norm()
         assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 2
 

@@ -7,7 +7,7 @@ import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import CaptureSyncError, ForwardBatch
-from attnmeta.runtime.attention import attention_from_pool
+from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
 from attnmeta.runtime.runners import BreakableGraph, DraftModel, DraftRunner, PiecewiseRunner
 from tests.batches import make_batch, make_pool
 
@@ -91,17 +91,6 @@ def test_draft_runner_runs_every_step_on_its_own_metadata():
     assert runner.stats["replay"] == 3
 
 
-def branch_pool(pool, rpi, seq, topk: int, num_steps: int):
-    """Oracle table for topk branches on a P 1 pool: row b*K + k is request b's prefix followed by
-    branch k's draft slots (req_to_token columns seq + k*S ...), written out by hand."""
-    rows = []
-    for r, n in zip(rpi.tolist(), seq.tolist(), strict=True):
-        for k in range(topk):
-            drafts = pool[r, n + k * num_steps : n + (k + 1) * num_steps]
-            rows.append(torch.cat([pool[r, :n], drafts, pool.new_zeros(pool.shape[1] - n - num_steps)]))
-    return torch.stack(rows)
-
-
 def test_draft_runner_with_branches():
     """topk 2: each request's two branches attend to the prefix plus their own drafted tokens."""
     S, K = 3, 2
@@ -116,8 +105,5 @@ def test_draft_runner_with_branches():
         fb = make_batch(raw, L, ROWS, seed=seed, max_len=L - K * S)
         q = torch.randn(raw, K, 2, 8, generator=g)
         out = runner.run(fb, q)
-        table = branch_pool(pool, fb.req_pool_indices, fb.seq_lens_cpu, K, S)
-        seq = fb.seq_lens_cpu.repeat_interleave(K)
-        want = sum(attention_from_pool(q.reshape(raw * K, 2, 8), k, v, table, torch.arange(raw * K), seq + s + 1)
-                   for s in range(S))
-        torch.testing.assert_close(out, want.view(raw, K, 2, 8), rtol=0, atol=1e-5)
+        want = draft_attention_from_pool(q, k, v, pool, fb.req_pool_indices, fb.seq_lens_cpu, S, K)
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
