@@ -174,7 +174,7 @@ class CompiledAttentionBackend(AttentionBackend):
                 key = (mode, f or name, n.type)
                 if key not in self.consts:
                     out = None if f is None else self._view(self.outbufs[f], n.type, env)
-                    self.consts[key] = eval_const(n, self.device, out)
+                    self.consts[key] = eval_const(n, self.device, [values[x] for x in n.inputs], out)
             values[name] = self.consts[(mode, targets[0] or name, n.type)]
         generic = self.compiled.generic[mode].types()  # buffers are sized from the generic type at max_bs
         crossing = []

@@ -102,6 +102,20 @@ class Graph:
                 u.setdefault(i, []).append(n)
         return u
 
+    def constants(self) -> tuple[str, ...]:
+        """Values fixed once a plan is bound, in program order: ``full``/``arange``, and recordable
+        ops over those alone (``arange // K``, ``outer`` of two constants), evaluated at bind
+        instead of every step. Never through a metadata field: the engine may write into a field's
+        buffer (the verify mask), and what reads it must see that."""
+        from .ops import CONST_OPS, OPS
+
+        fields, out = {o.value for o in self.outputs}, {}
+        for n in self.nodes:
+            if n.op in CONST_OPS or (n.inputs and OPS[n.op].recordable and n.op is not Op.host_call
+                                     and all(x in out and x not in fields for x in n.inputs)):
+                out[n.name] = None
+        return tuple(out)
+
     def region_nodes(self, region: Region) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.region is region)
 

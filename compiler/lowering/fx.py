@@ -73,7 +73,11 @@ def kernel_kwargs(n: Node) -> dict:
     return kw
 
 
-def eval_const(n: Node, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+def eval_const(n: Node, device: torch.device, ins=(), out: torch.Tensor | None = None) -> torch.Tensor:
+    """A constant's value (``Graph.constants``): a const op on ``device``, or an op over the
+    constants ``ins`` it reads."""
+    if n.op not in CONST_OPS:
+        return KERNELS[n.op](*ins, **kernel_kwargs(n), out=out)
     dev = torch.device("cpu") if n.type.placement.on_host else device
     return KERNELS[n.op](**kernel_kwargs(n), device=dev, out=out)
 
@@ -163,7 +167,7 @@ def _make_launcher(fn, meta, n_args, tables, alloc, row, name):
 
 def lower(g: Graph) -> LoweredPlan:
     """Requires a specialized, split-checked graph. Produces a LoweredPlan."""
-    consts = tuple(n.name for n in g.nodes if n.op in CONST_OPS)
+    consts = g.constants()
     const_set = set(consts)
     in_nodes = [n for n in g.nodes if n.region is Region.in_graph and n.name not in const_set]
     out_nodes = [n for n in g.nodes if n.region is Region.out_graph and n.name not in const_set]

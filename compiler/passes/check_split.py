@@ -10,7 +10,6 @@ import attrs
 import networkx as nx
 
 from ..ir import OPS, Graph, Op, Region, Role
-from ..ir.ops import CONST_OPS
 from ..ir.types import concrete
 from .registry import PassContext, register_pass
 
@@ -150,8 +149,9 @@ def _depends_on_batch(g: Graph) -> set[str]:
 def _unstable(g: Graph) -> Iterator[Violation]:
     users = g.users()
     fields = {o.value: o.field for o in g.outputs}
+    consts = set(g.constants())
     for n in g.region_nodes(Region.out_graph):
-        if n.type.placement.on_host or n.op in CONST_OPS:  # constants are made once, into static buffers
+        if n.type.placement.on_host or n.name in consts:  # constants are made once, into static buffers
             continue
         read_in_graph = any(u.region is Region.in_graph for u in users.get(n.name, []))
         if n.movable:

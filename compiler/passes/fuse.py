@@ -3,7 +3,6 @@ from __future__ import annotations
 import attrs
 
 from ..ir import Graph, Op, Region
-from ..lowering.fx import CONST_OPS
 from .registry import PassContext, register_pass
 
 ROW_OPS = (Op.ewise, Op.ewise_const, Op.cast, Op.compare, Op.where, Op.copy, Op.lookup)
@@ -75,8 +74,9 @@ def fuse(g: Graph, ctx: PassContext) -> Graph:
     after: dict[int, set[str]] = {}  # row count -> nodes outside the group that read it
     kernel_of: dict[str, str] = {}
     rows_of: dict[str, int] = {}
+    consts = set(g.constants())  # evaluated at bind, not per step
     for n in g.nodes:
-        if n.region is not Region.in_graph or n.op in CONST_OPS:
+        if n.region is not Region.in_graph or n.name in consts:
             continue
         rows = row_space(n, types, rows_of)
         joined = None
