@@ -5,7 +5,9 @@ value at row ``i``) and, when a prefix sum or a reduction needs the whole
 batch, a vector form over ``offs = arange(BLOCK)``: each program recomputes
 those cheap elementwise chains instead of exchanging data between programs.
 The batch size is a runtime argument and ``BLOCK`` its next power of two,
-so one source serves every captured size of a mode.
+so one source serves every captured size of a mode. A 2-D value ``[bs, M]``
+(DeepSeek-V4's window and page indices) is, in program ``i``, its row: a
+vector over the columns ``c<M> = arange(C<M>)``, masked to ``M``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class FusedKernel:
     fn_name: str
     args: tuple[str, ...]  # values read through pointers, in signature order
     tables: tuple[str, ...]  # 2-D args that also pass (row stride, width)
+    row_arg: str  # an argument read per row: its length is the launch's row count
     outs: tuple[str, ...]  # values the kernel stores
     meta: tuple[tuple[str, int], ...]  # constexpr block sizes (BLOCK added at launch)
 
@@ -47,6 +50,7 @@ class _Emitter:
         self.memo: dict[tuple[str, str], str] = {}
         self.meta: dict[str, int] = {}
         self.alias: dict[str, str] = {}
+        self.row_args: list[str] = []
 
     def nm(self, x: str) -> str:
         """Positional name for value ``x`` in the source: equal programs get equal text."""
@@ -68,6 +72,24 @@ class _Emitter:
     def vector(self, x: str) -> str:
         return self._form(x, "v")
 
+    def columns(self, m: int) -> tuple[str, str]:
+        """Column indices and their mask for a row of width ``m``."""
+        if ("cols", m) not in self.memo:
+            self.meta[f"C{m}"] = 1 << (m - 1).bit_length()
+            self.memo[("cols", m)] = (self.emit(f"c{m}", f"tl.arange(0, C{m})"), self.emit(f"cm{m}", f"c{m} < {m}"))
+        return self.memo[("cols", m)]
+
+    def column(self, x: str, m: int) -> str:
+        """A whole [m] argument (an ``outer`` operand), the same in every program."""
+        if (x, "col") not in self.memo:
+            c, cm = self.columns(m)
+            self.memo[(x, "col")] = self.emit(f"k_{self.nm(x)}", f"tl.load({self.arg(x)} + {c}, mask={cm}, other=0)")
+        return self.memo[(x, "col")]
+
+    def _width(self, x: str) -> int | None:
+        shape = self.types[x].shape
+        return int(shape[1]) if len(shape) == 2 else None
+
     def _form(self, x: str, f: str) -> str:
         key = (x, f)
         if key not in self.memo:
@@ -80,6 +102,11 @@ class _Emitter:
             p = self.arg(x)
             if t.shape == ():
                 return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p})")
+            if x not in self.row_args:
+                self.row_args.append(x)
+            if (w := self._width(x)) is not None:  # a per-row vector: this program's row of it
+                c, cm = self.columns(w)
+                return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + i * {w} + {c}, mask={cm}, other=0)")
             at = "i" if f == "s" else "offs, mask=m, other=0"
             return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
         n = self.nodes[x]
@@ -110,9 +137,22 @@ class _Emitter:
         if n.op is Op.copy:
             return val(ins[0])
         if n.op is Op.lookup:
-            p, idx = self.arg(ins[0]), val(ins[1])
-            mask = "" if f == "s" else ", mask=m, other=0"
+            p, idx, w = self.arg(ins[0]), val(ins[1]), self._width(x)
+            mask = ", mask=m, other=0" if f != "s" else "" if w is None else f", mask={self.columns(w)[1]}, other=0"
             return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {idx}{mask})")
+        if n.op is Op.outer:  # this row's scalar against the whole column operand
+            a, b = val(ins[0]), self.column(ins[1], self._width(x))
+            fn = n.a["fn"]
+            expr = f"({a} {_CMP[fn]} {b})" if fn in _CMP else _BIN[fn].format(a=a, b=b)
+            return self.emit(f"{f}_{self.nm(x)}", expr)
+        if n.op is Op.gather_rows:  # table[rows[i], cols[i, :]], -1 outside the row
+            tp, stride, width = self._table(ins[0])
+            row, cols, cm = f"{val(ins[1])}.to(tl.int64)", val(ins[2]), self.columns(self._width(x))[1]
+            ok = self.emit(f"ok_{self.nm(x)}", f"({cols} >= 0) & ({cols} < {width})")
+            got = self.emit(f"g_{self.nm(x)}", f"tl.load({tp} + {row} * {stride} + {cols}, mask={ok} & {cm}, other=0)")
+            return self.emit(f"{f}_{self.nm(x)}", f"tl.where({ok}, {got}, -1)")
+        if n.op is Op.flatten:  # stored row-major: program i writes its row
+            return val(ins[0])
         if n.op is Op.reduce:
             r = f"tl.{a['fn']}(tl.where(m, {self.vector(ins[0])}, {_IDENT[a['fn']]}), axis=0)"
             return self.emit(f"r_{self.nm(x)}", r)
@@ -145,6 +185,9 @@ class _Emitter:
             t = f"t_{self.nm(x)}"
             self.lines.append(f"    tl.store({p} + i * {times} + {t}, {self.scalar(n.inputs[0])} + {t} * 0, "
                               f"mask={t} < {times})")
+        elif (w := self._width(x) or (self._width(n.inputs[0]) if n.op is Op.flatten else None)) is not None:
+            c, cm = self.columns(w)
+            self.lines.append(f"    tl.store({p} + i * {w} + {c}, {self.scalar(x)}, mask={cm})")
         elif n.type.shape == ():  # a batch-wide scalar: every program has it, one stores it
             self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
         else:
@@ -214,7 +257,7 @@ def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
     fn = f"fused_{digest}"
     src = ("# generated by attnmeta fuse: one program per request row\n"
            "import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + text.replace("KERNEL", fn, 1))
-    return FusedKernel(src, fn, tuple(e.args), tuple(e.tables), tuple(outs), tuple(meta))
+    return FusedKernel(src, fn, tuple(e.args), tuple(e.tables), e.row_args[0], tuple(outs), tuple(meta))
 
 
 _LOADED: dict[str, object] = {}

@@ -130,18 +130,16 @@ _LAUNCHERS: dict[tuple, object] = {}
 
 def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]):
     """The fx target for one fused kernel: allocates unbound outputs, launches, returns the outputs."""
-    from ..passes.fuse import row_space
     from .fusion import generate, load
 
     types = g.types()
-    bs = next(r for x in group if (r := row_space(g.node(x), types)))  # the kernel's rows: batch or TBO child
     fk = generate(g, group, outs)
     n_args = len(fk.args)
     tables = tuple(fk.args.index(t) for t in fk.tables)
     alloc = tuple(None if x in bound else (tuple(int(d) for d in types[x].shape), types[x].dtype.torch)
                   for x in outs)
     # the batch size is read off a per-row argument at launch, so sizes share one launcher
-    row = next(k for k, a in enumerate(fk.args) if types[a].shape == (bs,))
+    row = fk.args.index(fk.row_arg)
     key = (fk.source, alloc, tables, row)
     if key not in _LAUNCHERS:
         _LAUNCHERS[key] = _make_launcher(load(fk), dict(fk.meta), n_args, tables, alloc, row, fk.fn_name)

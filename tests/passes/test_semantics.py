@@ -1,6 +1,7 @@
 """Every pass preserves the interpreter's result, and the interpreter agrees
 with the hand-written eager twin, on random batches."""
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -125,12 +126,48 @@ def test_every_pass_preserves_a_rich_spec(raw, pad, seed):
     assert len([n for n in g.nodes if n.op.value == "cumsum" and n.region.value == "in_graph"]) == 1
 
 
-def test_rich_spec_compiles_and_runs_through_the_runtime():
+def rows_spec(mode, options):
+    """[bs, M] values as DSV4 builds them: a window of slots before each sequence's end, its
+    translation through a slot table, page indices gathered from the page table, flattened."""
+    from attnmeta.compiler.ir import DType, SpecBuilder
+
+    I32 = DType.int32
+    b = SpecBuilder("rows")
+    seq = b.input("seq_lens", I32, ["bs"], fill=1)
+    rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0)
+    r2t = b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        last = b.ewise("sub", seq, 1)
+        cols = b.outer("sub", last, b.arange(6))  # the 6 slots up to the last token, newest first
+        slots = b.gather_rows(r2t, rpi, cols)  # -1 before the sequence start
+        to_swa = b.ewise("mod", b.arange(ROWS * L + 1), 7)  # a slot translation table
+        swa = b.where(b.compare("ge", slots, b.full(0, [], I32)), b.lookup(to_swa, b.ewise("max", slots, 0)),
+                      b.full(-1, [], I32))
+        pt = b.page_table(r2t, rpi, seq, page_size=4, width="ceiling(L/4)")
+        halves = b.outer("add", b.full(0, ["bs"], I32), b.ewise("floordiv", b.arange(8), 2))
+        pages = b.ewise("add", b.ewise("mul", b.gather_rows(pt, b.arange("bs", dtype=DType.int64), halves), 2),
+                        b.outer("add", b.full(0, ["bs"], I32), b.ewise("mod", b.arange(8), 2)))  # after the page table
+        ends = b.outer("gt", b.ewise("floordiv", seq, 2), b.arange(8))
+    b.outputs(swa=swa, flat=b.flatten(swa), pages=b.where(ends, pages, b.full(-1, [], I32)), pt=pt)
+    return b.build()
+
+
+def test_rows_spec_is_two_kernels():
+    """The window chain and the page table in one kernel, what reads the page table in the next."""
+    from attnmeta.compiler import BackendSpec, compile_backend
+
+    cb = compile_backend(BackendSpec("rows", rows_spec, (ForwardMode.DECODE,)),
+                         CompileOptions(max_bs=MAX_BS, capture_sizes=(1, 4, MAX_BS), max_context_len=L))
+    assert all(cb.kernels(ForwardMode.DECODE, bs) == 2 for bs in (1, 4, MAX_BS))
+
+
+@pytest.mark.parametrize("spec_fn", [rich_spec, rows_spec], ids=["rich", "rows"])
+def test_spec_compiles_and_runs_through_the_runtime(spec_fn):
     """The lowered plan (eager and captured on the emulated graph) equals the interpreter."""
     from attnmeta.compiler import BackendSpec, compile_backend
     from attnmeta.runtime import ReplayView
 
-    spec = BackendSpec("rich", rich_spec, (ForwardMode.DECODE,))
+    spec = BackendSpec("spec", spec_fn, (ForwardMode.DECODE,))
     cb = compile_backend(spec, CompileOptions(max_bs=MAX_BS, capture_sizes=(4,), max_context_len=L))
     pool = make_pool(ROWS, L, 3)
     be = cb.instantiate(pool)
