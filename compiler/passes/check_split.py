@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import attrs
-import networkx as nx
 
 from ..ir import OPS, Graph, Op, Region, Role
 from ..ir.types import concrete
@@ -136,12 +135,11 @@ def _capacity(g: Graph) -> Iterator[Violation]:
 
 
 def _depends_on_batch(g: Graph) -> set[str]:
-    """Values computed from per-step batch data."""
-    dag = g.to_nx()
-    seeds = [i.name for i in g.inputs if i.role is Role.batch]
-    out = set(seeds)
-    for x in seeds:
-        out |= nx.descendants(dag, x)
+    """Values computed from per-step batch data (nodes come in program order: one forward sweep)."""
+    out = {i.name for i in g.inputs if i.role is Role.batch}
+    for n in g.nodes:
+        if any(x in out for x in n.inputs):
+            out.add(n.name)
     return out
 
 

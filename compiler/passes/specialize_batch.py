@@ -27,7 +27,19 @@ def specialize_batch(g: Graph, ctx: PassContext) -> Graph:
         raise ValueError("specialize-batch needs a batch size in the pass context")
     env = {**ctx.options.symbols(), "bs": ctx.bs}
     m = {SYMBOLS[k]: sympy.Integer(v) for k, v in env.items()}
-    inputs = tuple(attrs.evolve(i, type=i.type.subs(env)) for i in g.inputs)
-    nodes = tuple(attrs.evolve(n, type=n.type.subs(env), attrs=tuple((k, _subs(v, m)) for k, v in n.attrs))
-                  for n in g.nodes)
+    types, values = {}, {}  # most nodes share a handful of types and attribute values: substitute each once
+
+    def typ(t):
+        if t not in types:
+            types[t] = t.subs(env)
+        return types[t]
+
+    def val(v):
+        key = (type(v), v)
+        if key not in values:
+            values[key] = _subs(v, m)
+        return values[key]
+
+    inputs = tuple(attrs.evolve(i, type=typ(i.type)) for i in g.inputs)
+    nodes = tuple(attrs.evolve(n, type=typ(n.type), attrs=tuple((k, val(v)) for k, v in n.attrs)) for n in g.nodes)
     return attrs.evolve(g, name=f"{g.name}.bs{ctx.bs}", inputs=inputs, nodes=nodes, symbols=env)
