@@ -17,7 +17,7 @@ import torch
 
 from attnmeta.compiler import CompiledBackend
 from attnmeta.compiler.ir import Role
-from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, out_arg
+from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, out_arg, scratch_arg
 from attnmeta.compiler.modes import ForwardMode
 
 from .backend import AttentionBackend
@@ -64,6 +64,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.inputs: dict[tuple[ForwardMode, str], torch.Tensor] = {}  # static, at max_bs
         self.outbufs: dict[str, torch.Tensor] = {}
         self.crossbufs: dict[str, torch.Tensor] = {}
+        self.scratchbufs: dict[tuple, torch.Tensor] = {}  # what one fused kernel stores for another
         self.hostbufs: dict[str, torch.Tensor] = {}  # out_graph host values, at max_bs
         self.consts: dict[tuple, torch.Tensor] = {}
         self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
@@ -163,6 +164,8 @@ class CompiledAttentionBackend(AttentionBackend):
         for i in g.inputs:
             if i.role is Role.batch:
                 values[i.name] = self._view(self.inputs[(mode, i.name)], i.type, env)
+        for name, src, lo, hi in plan.views:  # static row ranges of static buffers: views, taken once
+            values[name] = values[src][lo:hi]
         fields_of: dict[str, list[str]] = {}
         for o in g.outputs:
             fields_of.setdefault(o.value, []).append(o.field)
@@ -177,6 +180,11 @@ class CompiledAttentionBackend(AttentionBackend):
                     self.consts[key] = eval_const(n, self.device, [values[x] for x in n.inputs], out)
             values[name] = self.consts[(mode, targets[0] or name, n.type)]
         generic = self.compiled.generic[mode].types()  # buffers are sized from the generic type at max_bs
+        for name in plan.scratch:
+            if (mode, name) not in self.scratchbufs:
+                n = generic[name].numel(self.env)
+                self.scratchbufs[(mode, name)] = self._alloc(types[name].dtype.torch, n, False)
+            values[scratch_arg(name)] = self._view(self.scratchbufs[(mode, name)], types[name], env)
         crossing = []
         for name in plan.crossing:
             t = types[name]

@@ -33,6 +33,11 @@ def out_arg(field: str) -> str:
     return f"out__{field}"
 
 
+def scratch_arg(value: str) -> str:
+    """Placeholder of the static device buffer a fused kernel stores an intermediate value into."""
+    return f"tmp__{value}"
+
+
 def host_arg(value: str) -> str:
     """Placeholder of the static host buffer an out_graph value is written into."""
     return f"hbuf__{value}"
@@ -50,6 +55,8 @@ class LoweredPlan:
     crossing: tuple[str, ...]  # out_graph device values the graph reads: need static buffers
     in_outputs: tuple[str, ...]  # fields written by in_gm
     kernels: tuple = ()  # FusedKernel sources launched by in_gm
+    views: tuple[tuple[str, str, int, int], ...] = ()  # (value, input, start, stop): bound once, never run
+    scratch: tuple[str, ...] = ()  # kernel-stored values that are no field: static buffers, tmp__<value>
 
     def code(self) -> str:
         text = (f"# out_graph of {self.graph.name}\n{self.out_gm.code}\n"
@@ -128,36 +135,31 @@ _MODULES: dict[tuple, fx.GraphModule] = {}
 _LAUNCHERS: dict[tuple, object] = {}
 
 
-def _launcher(g: Graph, group: list[str], outs: list[str], bound: dict[str, str]):
-    """The fx target for one fused kernel: allocates unbound outputs, launches, returns the outputs."""
+def _launcher(g: Graph, group: list[str], outs: list[str]):
+    """The fx target for one fused kernel: launches it on its arguments and the buffers it stores
+    into (given after the arguments), and returns those buffers."""
     from .fusion import generate, load
 
-    types = g.types()
     fk = generate(g, group, outs)
-    n_args = len(fk.args)
     tables = tuple(fk.args.index(t) for t in fk.tables)
-    alloc = tuple(None if x in bound else (tuple(int(d) for d in types[x].shape), types[x].dtype.torch)
-                  for x in outs)
     # the batch size is read off a per-row argument at launch, so sizes share one launcher
     row = fk.args.index(fk.row_arg)
-    key = (fk.source, alloc, tables, row)
+    key = (fk.source, tables, row)
     if key not in _LAUNCHERS:
-        _LAUNCHERS[key] = _make_launcher(load(fk), dict(fk.meta), n_args, tables, alloc, row, fk.fn_name)
+        _LAUNCHERS[key] = _make_launcher(load(fk), dict(fk.meta), len(fk.args), tables, row, fk.fn_name)
     return fk, _LAUNCHERS[key]
 
 
-def _make_launcher(fn, meta, n_args, tables, alloc, row, name):
+def _make_launcher(fn, meta, n_args, tables, row, name):
     from .launch import launch
 
     def run(*xs):
-        ins, given = xs[:n_args], iter(xs[n_args:])
+        ins, res = xs[:n_args], xs[n_args:]
         bs = ins[row].shape[0]
-        dev = ins[row].device
-        res = [next(given) if a is None else torch.empty(a[0], dtype=a[1], device=dev) for a in alloc]
         strides = [v for k in tables for v in (ins[k].stride(0), ins[k].shape[1])]
         block = 1 << (bs - 1).bit_length()
         launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta))
-        return tuple(res)
+        return res
 
     run.__name__ = name
     return run
@@ -166,7 +168,13 @@ def _make_launcher(fn, meta, n_args, tables, alloc, row, name):
 def lower(g: Graph) -> LoweredPlan:
     """Requires a specialized, split-checked graph. Produces a LoweredPlan."""
     consts = g.constants()
-    const_set = set(consts)
+    # A static row range of a batch input (a TBO child's rows) is a view of a static buffer: taken
+    # once when the plan is bound. The code then holds no batch-size-dependent bounds, so every
+    # size shares one module, and no step spends a call (or, on the host, a copy) on it.
+    fields = {o.value for o in g.outputs}
+    views = tuple((n.name, n.inputs[0], int(n.a["start"]), int(n.a["stop"])) for n in g.nodes
+                  if n.op is Op.slice and n.inputs[0] in {i.name for i in g.inputs} and n.name not in fields)
+    const_set = set(consts) | {v[0] for v in views}
     in_nodes = [n for n in g.nodes if n.region is Region.in_graph and n.name not in const_set]
     out_nodes = [n for n in g.nodes if n.region is Region.out_graph and n.name not in const_set]
     out_names = {n.name for n in out_nodes}
@@ -188,7 +196,7 @@ def lower(g: Graph) -> LoweredPlan:
             bound[o.value] = o.field
     users = g.users()
     fields = {o.value for o in g.outputs}
-    kernels = []
+    kernels, scratch = [], []
     for item in _schedule(in_nodes):  # unfused nodes and whole kernels, in dependency order
         if isinstance(item, str):
             n = g.node(item)
@@ -196,10 +204,13 @@ def lower(g: Graph) -> LoweredPlan:
             continue
         group = item
         outs = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
-        fk, run = _launcher(g, group, outs, bound)
+        fk, run = _launcher(g, group, outs)
         kernels.append(fk)
         xs = [ib.env[a] if a in ib.env else ib.arg(a) for a in fk.args]
-        xs += [ib.arg(out_arg(bound[x])) for x in outs if x in bound]
+        # every store lands in a static buffer: a field's, or scratch for what another kernel reads,
+        # so nothing is allocated per step and sizes share one launcher (and one module)
+        xs += [ib.arg(out_arg(bound[x]) if x in bound else scratch_arg(x)) for x in outs]
+        scratch += [x for x in outs if x not in bound]
         call = ib.g.call_function(run, tuple(xs))
         for k, x in enumerate(outs):
             ib.env[x] = ib.g.call_function(operator.getitem, (call, k))
@@ -215,7 +226,7 @@ def lower(g: Graph) -> LoweredPlan:
         ib.g.call_method("copy_", (ib.arg(out_arg(o.field)), src))
     in_gm = ib.module([])
     return LoweredPlan(g, consts, out_gm, tuple(ob.args), out_results, in_gm, tuple(ib.args), crossing,
-                       tuple(in_outputs), tuple(kernels))
+                       tuple(in_outputs), tuple(kernels), views, tuple(scratch))
 
 
 def _schedule(in_nodes) -> list:

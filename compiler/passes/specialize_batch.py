@@ -5,15 +5,15 @@ import sympy
 
 from ..ir import Graph
 from ..ir.ops import norm_attr
-from ..ir.types import SYMBOLS, Dynamic
+from ..ir.types import bind
 from .registry import PassContext, register_pass
 
 
-def _subs(v, m):
+def _subs(v, env):
     if isinstance(v, sympy.Expr):
-        return norm_attr(v.xreplace(m))
+        return norm_attr(bind(v, env))
     if isinstance(v, tuple):
-        return tuple(d if isinstance(d, Dynamic) else d.xreplace(m) for d in v)
+        return tuple(bind(d, env) for d in v)
     return v
 
 
@@ -26,7 +26,6 @@ def specialize_batch(g: Graph, ctx: PassContext) -> Graph:
     if ctx.bs is None:
         raise ValueError("specialize-batch needs a batch size in the pass context")
     env = {**ctx.options.symbols(), "bs": ctx.bs}
-    m = {SYMBOLS[k]: sympy.Integer(v) for k, v in env.items()}
     types, values = {}, {}  # most nodes share a handful of types and attribute values: substitute each once
 
     def typ(t):
@@ -37,7 +36,7 @@ def specialize_batch(g: Graph, ctx: PassContext) -> Graph:
     def val(v):
         key = (type(v), v)
         if key not in values:
-            values[key] = _subs(v, m)
+            values[key] = _subs(v, env)
         return values[key]
 
     inputs = tuple(attrs.evolve(i, type=typ(i.type)) for i in g.inputs)
