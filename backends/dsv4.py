@@ -40,7 +40,7 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     swa = b.lookup(full_to_swa, b.ewise("max", tok, 0))
     full["swa_page_indices"] = b.where(b.compare("ge", tok, 0), swa, -1)
     full["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc)
-    pt = full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES if compress else 1)
+    full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES if compress else 1)
     if not compress:
         return full
     for r in (4, 128):
@@ -50,12 +50,23 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
         full[f"c{r}_positions"] = b.ewise("mul", b.ewise("floordiv", pos, r), r)
     j = b.arange(f"2*{PAGES}")  # compressed c128 slot j of a token: page j // 2, half j % 2
     zeros = b.full(0, [rows], I32)
-    pages = b.gather_rows(pt, b.arange(rows, dtype=I64), b.outer("add", zeros, b.ewise("floordiv", j, 2)))
+    # page j // 2 as the page table holds it (its first token's slot // P), read from the pool rather
+    # than from the page table, so the whole upgrade is one kernel instead of waiting for that table
+    first = b.outer("add", zeros, b.ewise("mul", b.ewise("floordiv", j, 2), PAGE))
+    pages = b.ewise("floordiv", b.gather_rows(req_to_token, rpi, first), PAGE)
     slots = b.ewise("add", b.ewise("mul", pages, 2), b.outer("add", zeros, b.ewise("mod", j, 2)))
     full["c128_page_indices"] = b.where(b.outer("gt", full["c128_lens"], j), slots, -1)
     full["c4_sparse_topk_lengths"] = b.ewise("min", b.ewise("max", full["c4_lens"], 1), TOPK)
     full["c4_sparse_page_indices"] = b.full(-1, [rows, TOPK], I32)  # filled later by the indexer's top-k
     return full
+
+
+def per_token(b: SpecBuilder, T: int):
+    """For T query tokens per request (rows z = b*T + t): each row's request b and its index t,
+    constants, so the per-token upgrade reads request fields by a per-row lookup and stays one
+    kernel over the token rows (no expansion kernel over the requests first)."""
+    z = b.arange(f"{T}*bs")
+    return b.ewise("floordiv", z, T), b.ewise("mod", z, T)
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
@@ -67,17 +78,20 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         ext = extend_lens(b)
         out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0)
         with b.out_graph(movable=True):
-            first = b.ewise("add", b.ewise("sub", seq, ext), 1)  # causal length of the first accepted token
+            own, t = per_token(b, T)
+            seq_own = b.lookup(seq, own)
+            first = b.ewise("add", b.ewise("sub", seq_own, b.lookup(ext, own)), 1)  # the first accepted token's
             # slots past a request's accepted tokens repeat its last token (clamped to seq_lens)
-            seq_tok = b.ewise("min", b.flatten(b.outer("add", first, b.arange(T))), b.repeat(seq, T))
-            full = upgrade(b, seq_tok, b.repeat(rpi, T), out_loc, req_to_token, full_to_swa, f"{T}*bs",
+            seq_tok = b.ewise("min", b.ewise("add", first, t), seq_own)
+            full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{T}*bs",
                            compress=False)
     elif mode.is_target_verify():  # D query tokens per request: token j of request b sees seq_b + 1 + j keys
         D = options.num_draft_tokens
         out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0)
         with b.out_graph(movable=True):
-            seq_tok = b.flatten(b.outer("add", b.ewise("add", seq, 1), b.arange(D)))
-            full = upgrade(b, seq_tok, b.repeat(rpi, D), out_loc, req_to_token, full_to_swa, f"{D}*bs")
+            own, t = per_token(b, D)
+            seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
+            full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs")
     else:
         out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0)
         with b.out_graph(movable=True):
