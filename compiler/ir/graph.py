@@ -7,6 +7,7 @@ strings; a node defines exactly one value, named ``node.name``.
 from __future__ import annotations
 
 import enum
+import functools
 
 import attrs
 import networkx as nx
@@ -21,8 +22,14 @@ class Role(enum.Enum):
 
 
 def _attrs(a: dict[str, AttrValue] | tuple) -> tuple[tuple[str, AttrValue], ...]:
-    items = a.items() if isinstance(a, dict) else a
-    return tuple(sorted((k, norm_attr(v)) for k, v in items))
+    if isinstance(a, tuple):  # passes rebuild nodes with the attributes they had: normalise each once
+        return _normal(a)
+    return tuple(sorted((k, norm_attr(v)) for k, v in a.items()))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _normal(a: tuple) -> tuple[tuple[str, AttrValue], ...]:
+    return tuple(sorted((k, norm_attr(v)) for k, v in a))
 
 
 @attrs.frozen
