@@ -15,3 +15,20 @@ def test_constants_are_const_ops_and_what_only_they_feed():
     b.outputs(mask=mask, masked=masked, shifted=shifted, half=half)
     g = b.build()
     assert g.constants() == ("cols", "half", "mask")
+
+
+def test_ops_over_zero_rows_are_constants():
+    """A zero-size TBO child reads no batch data: its indptr, indices and sums are fixed, even the
+    gather from the pool (no row of it is read). What mixes in real rows is not."""
+    b = SpecBuilder("z")
+    seq = b.input("seq_lens", DType.int32, ["bs"], fill=1)
+    rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0)
+    r2t = b.pool("req_to_token", DType.int32, ["R", "L"])
+    with b.in_graph():
+        none, rows = b.slice(seq, 0, 0, name="none"), b.slice(rpi, 0, 0, name="rows")
+        ind = b.cumsum(none, name="ind")
+        idx = b.ragged_gather(r2t, rows, none, ind, capacity="L", name="idx")
+        n = b.reduce("sum", none, name="n")
+        live = b.ewise("add", b.reduce("sum", seq, name="total"), n, name="live")
+    b.outputs(ind=ind, idx=idx, live=live)
+    assert b.build().constants() == ("ind", "idx", "n")
