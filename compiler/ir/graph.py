@@ -114,19 +114,21 @@ class Graph:
         """Values fixed once a plan is bound, in program order: ``full``/``arange``, and recordable
         ops over those alone (``arange // K``, ``outer`` of two constants), evaluated at bind
         instead of every step. Never through a metadata field: the engine may write into a field's
-        buffer (the verify mask), and what reads it must see that. An op over zero rows (a TBO
-        child of size 0) is one too: it reads no batch data, and a pool it indexes goes unread."""
+        buffer (the verify mask), and what reads it must see that. An op with an empty operand (a
+        TBO child of size 0) is one too: with no rows, what it yields depends on no data at all
+        (an empty result, an identity, an untouched buffer), whatever its other operands hold."""
         from .ops import CONST_OPS, OPS
 
         types, fields, out = self.types(), {o.value for o in self.outputs}, {}
-        pools = {i.name for i in self.inputs if i.role is Role.pool}
         empty = {x for x, t in types.items() if any(isinstance(d, sympy.Integer) and d == 0 for d in t.shape)}
+        bound = {i.name for i in self.inputs}  # what a plan has when it is bound: inputs, row ranges of them
+        bound |= {n.name for n in self.nodes if n.op is Op.slice and n.inputs[0] in bound and n.name not in fields}
         for n in self.nodes:
             if n.op in CONST_OPS:
                 out[n.name] = None
             elif n.inputs and OPS[n.op].recordable and n.op is not Op.host_call:
-                rowless = any(x in empty for x in n.inputs)
-                if all((x in out and x not in fields) or x in empty or (rowless and x in pools) for x in n.inputs):
+                rowless = any(x in empty for x in n.inputs) and all(x in out or x in bound for x in n.inputs)
+                if rowless or all(x in out and x not in fields for x in n.inputs):
                     out[n.name] = None
         return tuple(out)
 
