@@ -21,12 +21,12 @@ def fusible(n, types, group: set[str], bs: int, unheld: frozenset[str] = frozens
     t, ins = n.type, n.inputs
     if t.placement.on_host or t.is_dynamic:
         return False
-    if (len(t.shape) == 2 and n.op is not Op.page_table) or n.op is Op.flatten:
-        return _fusible_2d(n, types, group, unheld, bs, row_like)
     if n.op is Op.ewise and n.a["fn"] in ("floordiv", "mod"):
         return False  # integer division rounding differs between Triton back ends; left to torch
     if n.op is Op.ewise_const and n.a["fn"] in ("floordiv", "ceildiv", "mod") and n.a["value"] <= 0:
         return False
+    if (len(t.shape) == 2 and n.op is not Op.page_table) or n.op is Op.flatten:
+        return _fusible_2d(n, types, group, unheld, bs, row_like)
     if n.op is Op.lookup:
         return ins[0] not in group and len(types[ins[0]].shape) == 1 and row_like(ins[1]) and t.shape == (bs,)
     if n.op in ROW_OPS:
@@ -71,10 +71,6 @@ def _fusible_2d(n, types, group: set[str], unheld: frozenset[str], bs: int, row_
         return ins[0] not in group and row_like(ins[1]) and row2d(ins[2])
     if n.op is Op.lookup:
         return ins[0] not in group and len(types[ins[0]].shape) == 1 and row2d(ins[1])
-    if n.op is Op.ewise and n.a["fn"] in ("floordiv", "mod"):
-        return False
-    if n.op is Op.ewise_const and n.a["fn"] in ("floordiv", "ceildiv", "mod") and n.a["value"] <= 0:
-        return False
     return n.op in ROW_OPS and all(row_like(x) or row2d(x) for x in ins)
 
 
