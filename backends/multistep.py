@@ -37,8 +37,10 @@ def headroom(mode: ForwardMode, options: CompileOptions) -> int:
 
 
 def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
-    """Every batch input repeated per branch (rows z = b*K + k), and the gather jump
-    (split = the prefix length, shift = k * the branch stride)."""
+    """Every batch input once per branch (rows z = b*K + k), and the gather jump (split = the
+    prefix length, shift = k * the branch stride of ``branch_stride``, here per row on device).
+    On device a row reads its request's fields by lookup (a constant z // K), which keeps every
+    branch in the one kernel over the branch rows; host mirrors are repeated."""
     K, P, S = options.topk, options.page_size, options.num_steps
     reads = {n.op for n in g.nodes if "req_to_token" in n.inputs}
     if reads - {Op.ragged_gather}:
@@ -47,7 +49,7 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
     rows = {}
     with b.in_graph():
         z = b.arange("bs*K", name="branch_row")
-        owner = b.ewise("floordiv", z, K, name="branch_owner")  # on device a per-row read, so one kernel
+        owner = b.ewise("floordiv", z, K, name="branch_owner")
     for i in g.inputs:
         if i.role is Role.batch and i.type.placement.on_host:
             with b.out_graph():
