@@ -33,3 +33,12 @@ def verify_mask(b: SpecBuilder, D: int) -> V:
 def verify_headroom(mode, options) -> int:
     """TARGET_VERIFY reads the D drafted tokens' slots after each prefix: seq_lens + D <= L."""
     return options.num_draft_tokens if mode.is_target_verify() else 0
+
+
+def sub_rows(b: SpecBuilder, n: int, count: str | None = None) -> tuple[V, V]:
+    """For n rows per request (query tokens, draft branches), rows z = r*n + t in the order engines
+    lay them out: each row's request r = z // n and index t = z % n. Both are constants, so a row
+    reads its request's fields by a per-row lookup and everything stays in one kernel over the rows.
+    ``count``: how the row count is written (``"K"`` where inlined shapes say ``K*bs``)."""
+    z = b.arange(f"{count or n}*bs")
+    return b.ewise("floordiv", z, n), b.ewise("mod", z, n)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, SpecBuilder
 
-from .common import decode_inputs, extend_lens, verify_headroom
+from .common import decode_inputs, extend_lens, sub_rows, verify_headroom
 
 I32, I64 = DType.int32, DType.int64
 PAGE, SWA, TOPK = 256, 128, 512
@@ -61,14 +61,6 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     return full
 
 
-def per_token(b: SpecBuilder, T: int):
-    """For T query tokens per request (rows z = b*T + t): each row's request b and its index t,
-    constants, so the per-token upgrade reads request fields by a per-row lookup and stays one
-    kernel over the token rows (no expansion kernel over the requests first)."""
-    z = b.arange(f"{T}*bs")
-    return b.ewise("floordiv", z, T), b.ewise("mod", z, T)
-
-
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"dsv4.{mode.name.lower()}")
     seq, rpi, req_to_token = decode_inputs(b)
@@ -78,7 +70,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         ext = extend_lens(b)
         out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0)
         with b.out_graph(movable=True):
-            own, t = per_token(b, T)
+            own, t = sub_rows(b, T)
             seq_own = b.lookup(seq, own)
             first = b.ewise("add", b.ewise("sub", seq_own, b.lookup(ext, own)), 1)  # the first accepted token's
             # slots past a request's accepted tokens repeat its last token (clamped to seq_lens)
@@ -89,7 +81,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         D = options.num_draft_tokens
         out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0)
         with b.out_graph(movable=True):
-            own, t = per_token(b, D)
+            own, t = sub_rows(b, D)
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
             full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs")
     else:

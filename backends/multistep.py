@@ -22,6 +22,8 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
 from attnmeta.compiler.ir import Graph, Op, Role, SpecBuilder
 
+from .common import sub_rows
+
 SEQ = ("seq_lens", "seq_lens_cpu")
 
 
@@ -48,8 +50,7 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
                            f"{g.name} reads req_to_token with {sorted(o.value for o in reads)}")
     rows = {}
     with b.in_graph():
-        z = b.arange("bs*K", name="branch_row")
-        owner = b.ewise("floordiv", z, K, name="branch_owner")
+        owner, k = sub_rows(b, K, "K")  # K, not its value: the inlined decode's shapes say K*bs
     for i in g.inputs:
         if i.role is Role.batch and i.type.placement.on_host:
             with b.out_graph():
@@ -59,7 +60,6 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
                 rows[i.name] = b.lookup(ins[i.name], owner, name=f"branch_{i.name}")
     with b.in_graph():
         seq = rows["seq_lens"]
-        k = b.ewise("mod", z, K, name="branch")
         stride = b.ewise("mul", b.ewise("ceildiv", b.ewise("add", b.ewise("mod", seq, P), S), P), P)
         shift = b.ewise("mul", k, stride, name="branch_shift")
     return {**ins, **rows}, (seq, shift)
