@@ -57,17 +57,12 @@ def draft_attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indice
     """Oracle for a drafter's S steps on a page-size-1 pool, summed over steps as DraftModel sums
     them: at step s, branch k of request b attends to its prefix, then to the s + 1 slots at
     columns seq_b + k*S onwards. q is [bs, H, Dh], or [bs, K, H, Dh] with topk K > 1."""
-    rows = []
-    for r, n in zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True):
-        for k in range(topk):
-            drafts = req_to_token[r, n + k * num_steps : n + (k + 1) * num_steps]
-            rows.append(torch.cat([req_to_token[r, :n], drafts]))
-    width = max((len(x) for x in rows), default=0)
-    table = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in rows]) if rows else None
-    flat = q.reshape(-1, *q.shape[-2:])
-    if table is None:
+    if not req_pool_indices.numel():
         return q.new_zeros(q.shape).cpu()
-    seq = seq_lens_cpu.repeat_interleave(topk)
+    rows = [torch.cat([req_to_token[r, :n], req_to_token[r, n + k * num_steps : n + (k + 1) * num_steps]])
+            for r, n in zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True) for k in range(topk)]
+    table = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # row z = b*K + k, zero-padded
+    flat, seq = q.reshape(-1, *q.shape[-2:]), seq_lens_cpu.repeat_interleave(topk)
     out = sum(attention_from_pool(flat, k_cache, v_cache, table, torch.arange(len(rows)), seq + s + 1)
               for s in range(num_steps))
     return out.view(q.shape)
