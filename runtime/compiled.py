@@ -21,7 +21,7 @@ from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_co
 from attnmeta.compiler.modes import ForwardMode
 
 from .backend import AttentionBackend
-from .planners import default_planners
+from .planners import default_planners, with_key
 from .staging import BatchError, Slot, Stager
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
@@ -56,7 +56,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.compiled = compiled
         self.device = torch.device(device) if device is not None else req_to_token.device
         self.pools = {"req_to_token": req_to_token, **(pools or {})}
-        self.planners = {**default_planners(), **(planners or {})}
+        self.planners = {**default_planners(), **{k: with_key(f) for k, f in (planners or {}).items()}}
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
         self.max_context_len = compiled.options.max_context_len

@@ -8,6 +8,8 @@ returns the partition a decode plan derives (one work item per request).
 
 from __future__ import annotations
 
+import inspect
+
 import attrs
 import torch
 
@@ -52,6 +54,18 @@ class ReferencePrefillPlanner:
             raise PlanError(f"qo and kv indptr differ in length: {qo_indptr_host.shape} vs {kv_indptr_host.shape}")
         self.calls += 1
         return DecodePlan(kv_indptr_host.shape[0] - 1, int(kv_indptr_host.numpy()[-1]), self.calls)
+
+
+def with_key(planner):
+    """A planner as ``host_call`` calls it: ``planner(*host_tensors, key=<planner node name>)``. One
+    written without ``key`` (it does not care which node calls it) is wrapped, once, at bind."""
+    try:
+        params = inspect.signature(planner).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: assume positional only
+        params = ()
+    if any(p.name == "key" or p.kind is p.VAR_KEYWORD for p in params):
+        return planner
+    return lambda *args, key="": planner(*args)
 
 
 def default_planners() -> dict:

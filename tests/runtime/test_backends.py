@@ -134,3 +134,20 @@ def test_flashattention_draft_steps_match_the_twin(page_size):
                 got = SimpleNamespace(**{k.split("_", 1)[1]: getattr(be.forward_metadata, k) for k in keys})
                 assert_metadata_equal(got, want, full.seq_lens_cpu + i + 1, page_size)
             assert torch.equal(be.forward_metadata.cu_seqlens_q, ref.cu_seqlens_q)
+
+
+def test_a_planner_of_the_engine_needs_no_key_argument():
+    """An engine's own plan() taking only the host tensors still serves: the node name host_call
+    passes (``key``) is for planners that bind buffers per node, like the FlashInfer adapter."""
+    seen = []
+
+    def plan(indptr_host, last_page_len_host):
+        seen.append(indptr_host.tolist())
+        return "planned"
+
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L))
+    be = cb.instantiate(make_pool(ROWS, L, seed=1), planners={"flashinfer.decode_plan": plan})
+    fb = make_batch(2, L, ROWS, seed=3)
+    be.init_forward_metadata(fb)
+    assert be.forward_metadata.plan == "planned"
+    assert seen[-1] == [0, *torch.cumsum(fb.seq_lens_cpu, 0).tolist()]  # the host indptr, from the host mirror
