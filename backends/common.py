@@ -2,26 +2,42 @@
 
 from __future__ import annotations
 
-from attnmeta.compiler.ir import DType, SpecBuilder, V
+from attnmeta.compiler.ir import DType, Kind, Placement, SpecBuilder, V
 
 
-def decode_inputs(b: SpecBuilder) -> tuple[V, V, V]:
+def seq_bound(headroom: int) -> str | None:
+    """The longest sequence a mode serves: L, less the columns it reads past seq_lens."""
+    return f"L - {headroom}" if headroom else None
+
+
+def decode_inputs(b: SpecBuilder, headroom: int = 0) -> tuple[V, V, V]:
     """(seq_lens, req_pool_indices, req_to_token). Padded rows are sequences of length 1 that
-    read pool row 0, which is reserved and all zero; both are staged from their host mirrors."""
-    seq_lens = b.input("seq_lens", DType.int32, ["bs"], fill=1, mirror="seq_lens_cpu")
-    rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0, mirror="req_pool_indices_cpu")
+    read pool row 0, which is reserved and all zero; both are staged from their host mirrors.
+    ``headroom``: columns a step reads past seq_lens (verify drafts): longer sequences are refused."""
+    seq_lens = b.input("seq_lens", DType.int32, ["bs"], fill=1, mirror="seq_lens_cpu", kind=Kind.length,
+                       hi=seq_bound(headroom))
+    rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0, mirror="req_pool_indices_cpu", kind=Kind.row)
     req_to_token = b.pool("req_to_token", DType.int32, ["R", "L"])
     return seq_lens, rpi, req_to_token
 
 
-def extend_lens(b: SpecBuilder) -> V:
-    """Draft extend: the accepted tokens per request (accept_length + 1). Padded rows extend by one."""
-    return b.input("extend_seq_lens", DType.int32, ["bs"], fill=1, mirror="extend_seq_lens_cpu")
+def host_seq_lens(b: SpecBuilder, headroom: int = 0) -> V:
+    """seq_lens_cpu read on the host (planners' indptrs), with seq_lens' bound."""
+    return b.input("seq_lens_cpu", DType.int32, ["bs"], Placement.host, fill=1, kind=Kind.length,
+                   hi=seq_bound(headroom))
+
+
+def extend_lens(b: SpecBuilder, hi: str | None = "D") -> V:
+    """Draft extend: the accepted tokens per request (accept_length + 1, at most D). Padded rows
+    extend by one. ``hi=None`` for a prefill chunk (bounded by L)."""
+    return b.input("extend_seq_lens", DType.int32, ["bs"], fill=1, mirror="extend_seq_lens_cpu", kind=Kind.length,
+                   hi=hi)
 
 
 def prefix_lens(b: SpecBuilder) -> V:
     """Extend: tokens already in the cache before this chunk."""
-    return b.input("extend_prefix_lens", DType.int32, ["bs"], fill=0, mirror="extend_prefix_lens_cpu")
+    return b.input("extend_prefix_lens", DType.int32, ["bs"], fill=0, mirror="extend_prefix_lens_cpu",
+                   kind=Kind.length)
 
 
 def verify_mask(b: SpecBuilder, D: int) -> V:

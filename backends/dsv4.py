@@ -20,7 +20,7 @@ per request, the accepted tokens first, with a one-page-wide page table.
 from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
-from attnmeta.compiler.ir import DType, Graph, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
 from .common import decode_inputs, extend_lens, sub_rows, verify_headroom
 
@@ -63,12 +63,12 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"dsv4.{mode.name.lower()}")
-    seq, rpi, req_to_token = decode_inputs(b)
+    seq, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
     if mode.is_draft_extend():  # T slots per request; token j of request b: the (j+1)-th accepted token
         T = options.num_draft_tokens
         ext = extend_lens(b)
-        out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0)
+        out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             own, t = sub_rows(b, T)
             seq_own = b.lookup(seq, own)
@@ -79,13 +79,13 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
                            compress=False)
     elif mode.is_target_verify():  # D query tokens per request: token j of request b sees seq_b + 1 + j keys
         D = options.num_draft_tokens
-        out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0)
+        out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             own, t = sub_rows(b, D)
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
             full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs")
     else:
-        out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0)
+        out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs")
     b.outputs(**full)

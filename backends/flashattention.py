@@ -18,7 +18,7 @@ I32, I64 = DType.int32, DType.int64
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashattention.{mode.name.lower()}")
-    seq_lens, rpi, req_to_token = decode_inputs(b)
+    seq_lens, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
     ext = extend_lens(b) if mode.is_draft_extend() else None
     with b.in_graph():
@@ -50,7 +50,7 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
     i + 1 tokens drafted so far. All steps' metadata is built in one graph before the drafter's
     steps run; page tables keep the static width W with row guards."""
     b = SpecBuilder(f"flashattention_draft.{mode.name.lower()}")
-    seq_lens, rpi, req_to_token = decode_inputs(b)
+    seq_lens, rpi, req_to_token = decode_inputs(b, options.num_steps)
     out = {}
     with b.in_graph():
         out["cu_seqlens_q"] = b.arange("bs + 1", name="cu_seqlens_q")

@@ -9,9 +9,9 @@ the host mirror ``seq_lens_cpu``, never by copying the device indptr back.
 from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
-from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens, prefix_lens, verify_headroom, verify_mask
+from .common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, verify_headroom, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
@@ -20,8 +20,9 @@ PREFILL_PLANNER = "flashinfer.prefill_plan"
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
-    seq_lens, rpi, req_to_token = decode_inputs(b)
-    seq_lens_cpu = b.input("seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
+    room = verify_headroom(mode, options)
+    seq_lens, rpi, req_to_token = decode_inputs(b, room)
+    seq_lens_cpu = host_seq_lens(b, room)
     if mode.is_target_verify():
         return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
     if mode.is_draft_extend():
@@ -86,9 +87,9 @@ def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
     """Extend (prefill), run eagerly: the new tokens attend to themselves (ragged, qo_indptr for q
     and k) and to the cached prefix (paged: kv over extend_prefix_lens). Host indptrs for plan()
     come from the host mirrors."""
-    ext, prefix = extend_lens(b), prefix_lens(b)
-    ext_cpu = b.input("extend_seq_lens_cpu", I32, ["bs"], Placement.host, fill=1)
-    prefix_cpu = b.input("extend_prefix_lens_cpu", I32, ["bs"], Placement.host, fill=0)
+    ext, prefix = extend_lens(b, hi=None), prefix_lens(b)
+    ext_cpu = b.input("extend_seq_lens_cpu", I32, ["bs"], Placement.host, fill=1, kind=Kind.length)
+    prefix_cpu = b.input("extend_prefix_lens_cpu", I32, ["bs"], Placement.host, fill=0, kind=Kind.length)
     with b.in_graph():
         qo_indptr = b.cumsum(ext, name="qo_indptr")
         kv_indptr = b.cumsum(prefix, name="kv_indptr")

@@ -73,7 +73,9 @@ def multistep(inner: BackendSpec) -> BackendSpec:
                                f"fewer than max_context_len={options.max_context_len}; raise max_context_len")
         g = inner.build(ForwardMode.DECODE, options)
         b = SpecBuilder(f"multistep.{g.name}")
-        ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror)
+        p_hi = f"L - {headroom(mode, options)}"  # every step's drafts, every branch, fit after the prefix
+        ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror,
+                              i.kind, p_hi if i.name in SEQ else i.hi)
                for i in g.inputs}
         rows, jump, subs = ins, None, None
         if options.topk > 1:

@@ -34,8 +34,8 @@ def tbo(inner: BackendSpec) -> BackendSpec:
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         g = inner.build(mode, options)
         b = SpecBuilder(f"tbo.{g.name}")
-        ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror)
-               for i in g.inputs}
+        ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror,
+                              i.kind, i.hi) for i in g.inputs}
         fields = b.inline(g, ins)
         ragged = {o.field: o.ragged_by for o in g.outputs if o.ragged_by}
         fields.update(non_padded(b, ins["req_pool_indices"]))

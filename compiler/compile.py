@@ -10,9 +10,13 @@ import attrs
 
 from .instruments import DumpDir, Instrument, Timing, VerifyEach
 from .ir import Graph, Op, Region, print_graph
-from .lowering.fx import LoweredPlan, lower
+from .ir.graph import Space
+from .lowering.binding import Arg, Layout, PoolSpec, pool_specs
+from .lowering.binding import Space as Mem
+from .lowering.fx import LoweredPlan, lower, lower_init
 from .modes import ForwardMode
 from .options import CompileOptions, OptionsError
+from .passes.pack_inputs import aligned
 from .passes.registry import PassContext
 from .pipeline import GENERIC_PASSES, PER_BS_PASSES, run_passes
 from .spec import BackendSpec
@@ -27,6 +31,9 @@ class CompiledBackend:
     generic: dict[ForwardMode, Graph]
     plans: dict[tuple[ForwardMode, int], LoweredPlan]
     timing: Timing
+    layout: Layout
+    inits: dict[ForwardMode, tuple[object, tuple[Arg, ...]]]  # per mode: shared constants, at max_bs
+    pools: tuple[PoolSpec, ...]  # the engine tensors every mode reads, bound at instantiate
     seconds: float = 0.0
 
     def plan(self, mode: ForwardMode, bs: int) -> LoweredPlan:
@@ -41,7 +48,7 @@ class CompiledBackend:
                              f"for; recompile with a larger max_bs (--max-bs)")
         if (key, bs) not in self.plans:  # an eager size: same pipeline, no dumps
             inst = [VerifyEach()] if self.options.verify_each else []
-            self.plans[(key, bs)] = _compile_bs(self.generic[key], self.options, key, bs, inst)
+            self.plans[(key, bs)] = _compile_bs(self.generic[key], self.options, key, bs, inst, self.layout)
         return self.plans[(key, bs)]
 
     @property
@@ -63,14 +70,14 @@ class CompiledBackend:
             p = self.plan(mode, bs)
             g = p.graph
             ks = sorted({self.kernels(mode, b) for b in self.options.sizes})
-            slots = {(i.offset if i.offset is not None else i.name): i for i in g.inputs if i.role.value == "batch"}
-            staged = sum(i.type.numel(g.env) * i.type.dtype.torch.itemsize for i in slots.values())
+            staged = sum(c[1].nbytes for c in p.binding.copies)
             rows.append({
                 "mode": mode.name.lower(), "bs": bs,
                 "out_graph": len(g.region_nodes(Region.out_graph)), "in_graph": len(g.region_nodes(Region.in_graph)),
                 "host_ops": sum(1 for n in g.region_nodes(Region.out_graph) if n.name not in p.consts),
                 "kernels": str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}",
                 "bytes_per_step": staged, "captured_sizes": len(self.options.sizes),
+                "arena_kib": round(_mode_bytes(self.generic[mode.graph_key], Space.arena) / 1024, 1),
             })
         return rows
 
@@ -83,9 +90,10 @@ class CompiledBackend:
 
 
 def _compile_bs(g: Graph, options: CompileOptions, mode: ForwardMode, bs: int,
-                instruments: Sequence[Instrument]) -> LoweredPlan:
+                instruments: Sequence[Instrument], layout: Layout) -> LoweredPlan:
     ctx = PassContext(options, mode, bs)
-    plan = lower(run_passes(g, PER_BS_PASSES, ctx, instruments))
+    plan = lower(run_passes(g, PER_BS_PASSES, ctx, instruments), mode, g.stable_constants(), layout.base(mode),
+                 options.max_bs)
     for i in instruments:
         if isinstance(i, DumpDir):
             i.artifact(ctx, "lowered.py", plan.code())
@@ -128,9 +136,33 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
         if dump:
             dump.start(g, ctx)
         generic[mode] = run_passes(g, GENERIC_PASSES, ctx, inst)
+    layout = link(generic)
+    inits = {}
+    for mode, g in generic.items():
         for bs in sorted(options.sizes, reverse=True):
-            plans[(mode, bs)] = _compile_bs(generic[mode], options, mode, bs, inst)
-    return CompiledBackend(spec, options, generic, plans, timing, time.perf_counter() - t0)
+            plans[(mode, bs)] = _compile_bs(g, options, mode, bs, inst, layout)
+        at_max = run_passes(g, ("specialize-batch",), PassContext(options, mode, options.max_bs))
+        inits[mode] = lower_init(at_max, mode, g.stable_constants(), layout.base(mode))
+    pools = pool_specs([i for g in generic.values() for i in g.inputs if i.role.value == "pool"], options.symbols())
+    return CompiledBackend(spec, options, generic, plans, timing, layout, inits, pools, time.perf_counter() - t0)
+
+
+def _mode_bytes(g: Graph, space: Space) -> int:
+    return max((aligned(b.end) for b in g.buffers if b.space is space), default=0)
+
+
+def link(generic: dict[ForwardMode, Graph]) -> Layout:
+    """One layout for every mode: each mode's regions at a base of its own in every space, so no
+    two modes ever share memory (a field of one mode never aliases another mode's)."""
+    end = dict.fromkeys(Space, 0)
+    bases = []
+    for mode, g in generic.items():
+        bases.append((mode, tuple((s.value, end[s]) for s in Space)))
+        for s in Space:
+            end[s] += _mode_bytes(g, s)
+    sizes = ((Mem.staging_host, end[Space.staging]), (Mem.staging_dev, end[Space.staging]),
+             (Mem.arena, end[Space.arena]), (Mem.host, end[Space.host]))
+    return Layout(sizes, tuple(bases))
 
 
 __all__ = ["CompiledBackend", "compile_backend", "print_graph"]

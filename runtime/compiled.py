@@ -1,251 +1,167 @@
 """A compiled backend behind the three-method contract.
 
-Static buffers are allocated once at maximum size: the packed staging pair
-for batch inputs (host side pinned on a GPU), one buffer per in_graph
-metadata output (written in place by the captured work), one per out_graph
-value the graph reads. Every (mode, bs) plan binds views of those buffers
-once; ``forward_metadata`` is the bound plan's field namespace, whose
-tensors are those views.
+Its static memory is allocated once from the compiled layout (runtime/buffers.py): every mode
+has regions of its own, so modes never alias. Each (mode, bs) plan is bound once to views of it
+(runtime/bound.py); ``forward_metadata`` is the bound plan's field namespace. A step stages the
+batch (checked at the boundary), runs out_graph, and in_graph runs eagerly or is replayed.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import logging
+from types import MappingProxyType
 
-import attrs
 import torch
 
-from attnmeta.compiler import CompiledBackend
-from attnmeta.compiler.ir import Role
-from attnmeta.compiler.lowering.fx import DEVICE, PLANNERS, LoweredPlan, eval_const, out_arg, scratch_arg
-from attnmeta.compiler.modes import ForwardMode
+from attnmeta.compiler.lowering.binding import ArgKind
 
 from .backend import AttentionBackend
+from .bound import BoundPlan, Capture, bind
+from .buffers import Buffers
 from .planners import default_planners, with_key
-from .staging import BatchError, Slot, Stager
+from .staging import BatchError
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 
+log = logging.getLogger("attnmeta.runtime")
+
 
 class StaleBufferError(RuntimeError):
-    """A buffer the captured graph reads was rebound after capture."""
-
-
-@attrs.define
-class _Bound:
-    mode: ForwardMode
-    plan: LoweredPlan
-    stager: Stager
-    out_fn: object  # the out_graph module's forward (no nn.Module call overhead)
-    out_args: list
-    in_args: list
-    crossing: list[torch.Tensor]
-    meta: SimpleNamespace
-    out_fields: list[str]
-    captured_ptrs: list[int] | None = None
-    checked: bool = False
+    """A buffer or object the captured graph reads was replaced after capture."""
 
 
 def _ptrs(args: list) -> list[int]:
-    return [a.data_ptr() if isinstance(a, torch.Tensor) else 0 for a in args]
+    return [a.data_ptr() if isinstance(a, torch.Tensor) else id(a) for a in args]
+
+
+def _same(new, old) -> bool:
+    return new is old or (isinstance(old, int | float | str | bool | type(None)) and new == old)
+
+
+def check_pools(specs, pools: dict) -> dict[str, int]:
+    """Every pool the spec reads is bound, with its dtype and fixed extents; returns the extents the
+    pools decide (R: pool rows, N: KV slots), for the range checks."""
+    env: dict[str, int] = {}
+    for p in specs:
+        t = pools.get(p.name)
+        if t is None:
+            raise BatchError(f"the spec reads pool {p.name!r}; pass it to instantiate(pools={{{p.name!r}: ...}})")
+        ok = isinstance(t, torch.Tensor) and t.dim() == len(p.shape) and t.dtype == p.dtype
+        for k, d in enumerate(p.shape if ok else ()):
+            if d.is_Integer:
+                ok &= t.shape[k] == int(d)
+            elif d.is_Symbol:
+                ok &= env.setdefault(d.name, t.shape[k]) == t.shape[k]
+        if not ok:
+            want = ", ".join(str(d) if d.is_Integer else "rows" for d in p.shape)
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise BatchError(f"pool {p.name} must be {str(p.dtype).removeprefix('torch.').replace('int', 'i')}"
+                             f"[{want}] (the L it was compiled for), got {got}")
+    return env
 
 
 class CompiledAttentionBackend(AttentionBackend):
-    def __init__(self, compiled: CompiledBackend, req_to_token: torch.Tensor, device=None, planners=None,
+    def __init__(self, compiled, req_to_token: torch.Tensor, device=None, planners=None,
                  check_addresses: bool = True, pools: dict | None = None):
         self.compiled = compiled
         self.device = torch.device(device) if device is not None else req_to_token.device
-        self.pools = {"req_to_token": req_to_token, **(pools or {})}
+        self._pools = {"req_to_token": req_to_token, **(pools or {})}
+        self.env = check_pools(compiled.pools, self._pools)  # R and N, from the pools' shapes
         self.planners = {**default_planners(), **{k: with_key(f) for k, f in (planners or {}).items()}}
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
-        self.max_context_len = compiled.options.max_context_len
-        self.env = {**compiled.options.symbols(), "bs": self.max_bs}
-        self.inputs: dict[tuple[ForwardMode, str], torch.Tensor] = {}  # static, at max_bs
-        self.outbufs: dict[str, torch.Tensor] = {}
-        self.crossbufs: dict[str, torch.Tensor] = {}
-        self.scratchbufs: dict[tuple, torch.Tensor] = {}  # what one fused kernel stores for another
-        self.hostbufs: dict[str, torch.Tensor] = {}  # out_graph host values, at max_bs
-        self.consts: dict[tuple, torch.Tensor] = {}
-        self._bound: dict[tuple[ForwardMode, int], _Bound] = {}
-        self._current: _Bound | None = None
-        self.planning: _Bound | None = None
+        self.buffers = Buffers(compiled.layout, self.device)
+        self._bound: dict[tuple, BoundPlan] = {}
+        self._current: BoundPlan | None = None
+        self.planning: BoundPlan | None = None  # planners that bind device buffers (FlashInfer) read its views
         self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
-        self._allocate()
+        self._dirty: dict = {}  # staging region -> rows that may hold live values (the rest hold the fill)
+        for gm, args in compiled.inits.values():  # constants every size shares, written once at max_bs
+            gm.forward(*[self.device if a.kind is ArgKind.device else self.buffers.view(a.region) for a in args])
 
-    # --- static buffers ---
-    def _alloc(self, dtype: torch.dtype, numel: int, on_host: bool) -> torch.Tensor:
-        dev = torch.device("cpu") if on_host else self.device
-        return torch.zeros(numel, dtype=dtype, device=dev, pin_memory=on_host and self.device.type == "cuda")
+    @property
+    def pools(self):
+        """The engine tensors bound at instantiate (read-only: a captured graph keeps reading these)."""
+        return MappingProxyType(self._pools)
 
-    def _allocate(self) -> None:
-        packed = [i for g in self.compiled.generic.values() for i in g.inputs if i.offset is not None]
-        size = max((i.offset + i.type.numel(self.env) * i.type.dtype.torch.itemsize for i in packed), default=0)
-        self.staging_host = self._alloc(torch.uint8, size, on_host=True)
-        self.staging_dev = self._alloc(torch.uint8, size, on_host=False)
-        for mode, g in self.compiled.generic.items():
-            for i in g.inputs:
-                if i.role is Role.pool:
-                    self._check_pool(i)
-                    continue
-                t, n = i.type.dtype.torch, i.type.numel(self.env)
-                if i.offset is None:  # pack-inputs disabled: a private host/device pair per input
-                    self.inputs[(mode, "host:" + i.name)] = self._alloc(t, n, on_host=True)
-                    buf = self._alloc(t, n, on_host=i.type.placement.on_host)
-                else:
-                    span = slice(i.offset, i.offset + n * t.itemsize)
-                    buf = (self.staging_host if i.type.placement.on_host else self.staging_dev)[span].view(t)
-                    self.inputs[(mode, "host:" + i.name)] = self.staging_host[span].view(t)
-                self.inputs[(mode, i.name)] = buf
-        arena = max((o.offset + self._nbytes(g, o) for g in self.compiled.generic.values() for o in g.outputs
-                     if o.offset is not None), default=0)
-        self.arena = self._alloc(torch.uint8, arena, on_host=False)  # plan-buffers: all static outputs
-        for g in self.compiled.generic.values():
-            for o in g.outputs:
-                t = g.types()[o.value]
-                if o.field in self.outbufs or t.placement.on_host:
-                    continue
-                if o.offset is None:  # plan-buffers disabled: a buffer of its own
-                    self.outbufs[o.field] = self._alloc(t.dtype.torch, t.numel(self.env), on_host=False)
-                else:
-                    self.outbufs[o.field] = self.arena[o.offset : o.offset + self._nbytes(g, o)].view(t.dtype.torch)
+    def rebind_pools(self, **pools: torch.Tensor) -> None:
+        """Swap engine pools before anything is captured; after capture the graphs would read the old ones."""
+        captured = [b.binding.graph for b in self._bound.values() if b.capture is not None]
+        if captured:
+            raise StaleBufferError(f"pools {sorted(pools)} cannot be rebound: graphs {captured} captured the old "
+                                   "ones; write into the bound pools in place, or instantiate and capture again")
+        self.env = check_pools(self.compiled.pools, {**self._pools, **pools})
+        self._pools.update(pools)
+        self._bound.clear()
 
-    def _nbytes(self, g, o) -> int:
-        t = g.types()[o.value]
-        return t.numel(self.env) * t.dtype.torch.itemsize
-
-    def _check_pool(self, i) -> None:
-        t = self.pools.get(i.name)
-        if t is None:
-            raise BatchError(f"the spec reads pool {i.name!r}; pass it to instantiate(pools={{{i.name!r}: ...}})")
-        shape = i.type.subs(self.compiled.options.symbols()).shape
-        fixed = [(k, int(d)) for k, d in enumerate(shape) if d.is_Integer]  # R and N stay free
-        if t.dim() != len(shape) or t.dtype != i.type.dtype.torch or any(t.shape[k] != d for k, d in fixed):
-            want = ", ".join(str(d) if d.is_Integer else "rows" for d in shape)
-            raise BatchError(f"pool {i.name} must be {i.type.dtype.value}[{want}] (the L it was compiled for), "
-                             f"got {tuple(t.shape)} {t.dtype}")
-
-    @staticmethod
-    def _view(buf: torch.Tensor, t, env) -> torch.Tensor:
-        shape = [int(d) for d in t.subs(env).shape]
-        return buf[: t.numel(env)].view(shape)
-
-    def _stager(self, mode: ForwardMode, g, env) -> Stager:
-        slots, seen, nbytes = [], set(), 0
-        room = self.compiled.spec.headroom(mode, self.compiled.options)  # columns a step reads past seq_lens
-        why = f"max_context_len={self.max_context_len}" + (
-            f" less the {room} slots {mode.name.lower()} reads past each sequence" if room else "")
-        batch = [i for i in g.inputs if i.role is Role.batch]
-        for i in batch:
-            key = i.offset if i.offset is not None else i.name
-            if key in seen:
-                continue  # a device field and its host mirror share one slot
-            seen.add(key)
-            twin = [j for j in batch if (j.offset if j.offset is not None else j.name) == key]
-            dev = next((j for j in twin if not j.type.placement.on_host), None)
-            host = self._view(self.inputs[(mode, "host:" + i.name)], i.type, env)
-            seq = i.source in ("seq_lens", "seq_lens_cpu")
-            slots.append(Slot(i.source, (dev or i).name, host,
-                              None if dev is None else self._view(self.inputs[(mode, dev.name)], dev.type, env),
-                              i.fill if i.fill is not None else 0,
-                              self.max_context_len - room if seq else None, why,
-                              host.numel() // env["bs"] if env["bs"] else 1))
-            if i.offset is not None:
-                nbytes = max(nbytes, i.offset + host.numel() * host.element_size())
-        if any(i.offset is None for i in batch):  # unpacked: one copy per input, the cost pack-inputs removes
-            return Stager(slots, [(s.dev, s.host) for s in slots if s.dev is not None], self._event)
-        return Stager(slots, [(self.staging_dev[:nbytes], self.staging_host[:nbytes])], self._event)
-
-    def _bind(self, mode: ForwardMode, bs: int) -> _Bound:
-        plan = self.compiled.plan(mode, bs)
-        g, env = plan.graph, plan.graph.env
-        types, nodes = g.types(), g.producers()
-        values: dict[str, object] = {DEVICE: self.device, PLANNERS: self.planners, **self.pools}
-        for i in g.inputs:
-            if i.role is Role.batch:
-                values[i.name] = self._view(self.inputs[(mode, i.name)], i.type, env)
-        for name, src, lo, hi in plan.views:  # static row ranges of static buffers: views, taken once
-            values[name] = values[src][lo:hi]
-        fields_of: dict[str, list[str]] = {}
-        for o in g.outputs:
-            fields_of.setdefault(o.value, []).append(o.field)
-        for name in plan.consts:  # evaluated once, then kept: they never change (and buffers the
-            n = nodes[name]  # engine writes into, like the verify mask, stay written)
-            # one constant may serve several fields (cse merges equal ones): each field's buffer gets it
-            targets = [f for f in fields_of.get(name, []) if f in self.outbufs] or [None]
-            for f in targets:
-                key = (mode, f or name, n.type)
-                if key not in self.consts:
-                    out = None if f is None else self._view(self.outbufs[f], n.type, env)
-                    self.consts[key] = eval_const(n, self.device, [values[x] for x in n.inputs], out)
-            values[name] = self.consts[(mode, targets[0] or name, n.type)]
-        generic = self.compiled.generic[mode].types()  # buffers are sized from the generic type at max_bs
-        for name in plan.scratch:
-            if (mode, name) not in self.scratchbufs:
-                n = generic[name].numel(self.env)
-                self.scratchbufs[(mode, name)] = self._alloc(types[name].dtype.torch, n, False)
-            values[scratch_arg(name)] = self._view(self.scratchbufs[(mode, name)], types[name], env)
-        crossing = []
-        for name in plan.crossing:
-            t = types[name]
-            if name not in self.crossbufs:
-                self.crossbufs[name] = self._alloc(t.dtype.torch, generic[name].numel(self.env), False)
-            values[name] = self._view(self.crossbufs[name], t, env)
-            crossing.append(values[name])
-        for o in g.outputs:
-            if o.field in self.outbufs:
-                values[out_arg(o.field)] = self._view(self.outbufs[o.field], types[o.value], env)
-        for a in plan.out_args:
-            if a.startswith("hbuf__"):
-                name, t = a[len("hbuf__"):], types[a[len("hbuf__"):]]
-                if name not in self.hostbufs:
-                    self.hostbufs[name] = torch.zeros(generic[name].numel(self.env), dtype=t.dtype.torch)
-                values[a] = self._view(self.hostbufs[name], t, env)
-        meta = SimpleNamespace(**{o.field: values.get(out_arg(o.field), values.get(o.value)) for o in g.outputs})
-        return _Bound(mode, plan, self._stager(mode, g, env), plan.out_gm.forward,
-                      [values[a] for a in plan.out_args], [values[a] for a in plan.in_args], crossing, meta,
-                      [o.field for o in g.outputs if o.value in plan.out_results])
-
-    def bound(self, mode: ForwardMode, bs: int) -> _Bound:
+    def bound(self, mode, bs: int) -> BoundPlan:
         key = (mode.graph_key, bs)
         b = self._bound.get(key)
         if b is None:
-            b = self._bound[key] = self._bind(mode.graph_key, bs)
+            if key[0] not in self.compiled.generic:
+                raise BatchError(f"backend {self.compiled.spec.name!r} was compiled for modes "
+                                 f"{[m.name.lower() for m in self.compiled.generic]}, not {mode.name.lower()}; "
+                                 "add it to CompileOptions.modes (--modes)")
+            if not 0 <= bs <= self.max_bs:
+                raise BatchError(f"batch size {bs} exceeds max_bs={self.max_bs} the backend was compiled for; "
+                                 "recompile with a larger --max-bs")
+            plan = self.compiled.plan(key[0], bs)  # an uncaptured size compiles here, once, logged by the compiler
+            b = self._bound[key] = bind(plan, self.buffers, self._pools, self.planners, self.device, self.env,
+                                        self._event, self._dirty)
+            log.debug("bound plan %s", plan.graph.name)
         return b
 
     # --- the contract ---
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
-        raw = 0 if fb.actual_forward_mode.is_idle() else getattr(fb, "raw_batch_size", fb.batch_size)
-        b = self._bound.get((fb.forward_mode.graph_key, fb.batch_size))
+        bs = fb.batch_size
+        actual = getattr(fb, "actual_forward_mode", fb.forward_mode)
+        raw = 0 if actual.is_idle() else getattr(fb, "raw_batch_size", bs)
+        b = self._bound.get((fb.forward_mode.graph_key, bs))
         if b is None:
-            if fb.batch_size > self.max_bs:
-                raise BatchError(f"batch size {fb.batch_size} exceeds max_bs={self.max_bs} the backend was "
-                                 f"compiled for; recompile with a larger --max-bs")
-            b = self.bound(fb.forward_mode, fb.batch_size)
-        b.stager.stage(fb, fb.batch_size, raw)
-        self.planning = b  # planners that bind device buffers (FlashInfer) read this binding's views
-        if b.plan.out_results:
+            if not isinstance(bs, int) or bs < 0:
+                raise BatchError(f"batch_size must be a non-negative int, got {bs!r}")
+            b = self.bound(fb.forward_mode, bs)
+        if raw > bs:
+            raise BatchError(f"the batch has {raw} live rows but is padded to {bs}; pad to at least {raw}")
+        b.stager.stage(fb, bs, raw, in_capture)
+        self.planning = b
+        if b.crossing or b.binding.planned:
             results = b.out_fn(*b.out_args)
-            n_cross = len(b.crossing)
-            for buf, val in zip(b.crossing, results[:n_cross], strict=True):
+            n = len(b.crossing)
+            for buf, val in zip(b.crossing, results[:n], strict=True):
                 buf.copy_(val, non_blocking=True)
-            for field, val in zip(b.out_fields, results[n_cross:], strict=True):
+            for field, val in zip(b.binding.planned, results[n:], strict=True):
                 setattr(b.meta, field, val)
+        else:
+            b.out_fn(*b.out_args)
         if in_capture:
-            b.captured_ptrs, b.checked = _ptrs(b.in_args), False
-        elif self.check_addresses and b.captured_ptrs is not None and not b.checked:
-            self._check_rebound(b)
+            b.capture = Capture([(a.name, t, t.data_ptr()) for a, t in zip(b.binding.in_args, b.in_args, strict=True)
+                                 if a.kind is ArgKind.pool],
+                                [getattr(b.meta, f) for f in b.binding.planned], _ptrs(b.in_args))
+        elif b.capture is not None and self.check_addresses:
+            self._check_replay(b)
         self._current = b
         self.forward_metadata = b.meta
 
-    def _check_rebound(self, b: _Bound) -> None:
-        """First replay after capture: every buffer the graph reads is still the captured one."""
-        fresh = _ptrs(self._bind(b.mode, b.plan.graph.env["bs"]).in_args)
-        if fresh != b.captured_ptrs:
-            names = [a for a, x, y in zip(b.plan.in_args, fresh, b.captured_ptrs, strict=True) if x != y]
-            raise StaleBufferError(f"buffers {names} of {b.plan.graph.name} were rebound after capture; the graph "
-                                   "still reads the old ones. Write new values in place (copy_) instead.")
-        b.checked = True
+    def _check_replay(self, b: BoundPlan) -> None:
+        """Before a replay: every buffer and planner result the graph captured is still the one it reads."""
+        c = b.capture
+        for name, t, ptr in c.pools:
+            if self._pools[name] is not t or t.data_ptr() != ptr:
+                raise StaleBufferError(f"pool {name} of {b.binding.graph} was rebound after capture; the graph still "
+                                       "reads the old storage. Write into the bound pool in place instead.")
+        for field, old in zip(b.binding.planned, c.planned, strict=True):
+            if not _same(getattr(b.meta, field), old):
+                raise StaleBufferError(f"planner field {field} of {b.binding.graph} is a new object at replay; the "
+                                       "captured graph keeps the capture-time one. A planner must return the same "
+                                       "object every call (a graph-mode wrapper planned in place).")
+        if not c.checked:  # internal buffers are bound once; check them on the first replay only
+            fresh = _ptrs(b.in_args)
+            if fresh != c.in_ptrs:
+                names = [a.name for a, x, y in zip(b.binding.in_args, fresh, c.in_ptrs, strict=True) if x != y]
+                raise StaleBufferError(f"buffers {names} of {b.binding.graph} were rebound after capture; the graph "
+                                       "still reads the old ones. Write new values in place (copy_) instead.")
+            c.checked = True
 
     def set_stream(self, stream) -> None:
         """Staging records its hazard event on the stream that was current at the first step; an engine
@@ -254,6 +170,6 @@ class CompiledAttentionBackend(AttentionBackend):
 
     def init_forward_metadata_in_graph(self, fb) -> None:
         b = self._current
-        if b is None or b.plan.graph.env["bs"] != fb.batch_size:
+        if b is None or b.bs != fb.batch_size:
             raise RuntimeError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
-        b.plan.in_gm(*b.in_args)
+        b.in_fn(*b.in_args)

@@ -3,7 +3,12 @@
 A planner is opaque to the compiler: it runs out of graph before every
 replay, from host tensors only. The default one stands in for FlashInfer's
 ``plan()`` where FlashInfer is absent: it checks what plan() would check and
-returns the partition a decode plan derives (one work item per request).
+records the partition a decode plan derives (one work item per request).
+
+Like a graph-mode FlashInfer wrapper, a planner returns the same object every
+call for a given planner node and batch size, updated in place: a captured graph
+holds on to the object it saw at capture, so a new one at replay would never be
+read (the runtime refuses it).
 """
 
 from __future__ import annotations
@@ -18,17 +23,30 @@ class PlanError(ValueError):
     pass
 
 
-@attrs.frozen
+@attrs.define
 class DecodePlan:
+    """What a plan derives, updated in place by every call for its (planner node, batch size)."""
+
     batch_size: int
-    total_kv: int
-    call: int  # how many plans this planner has made: proves it ran on every replay
+    total_kv: int = 0
+    call: int = 0  # how many plans this planner has made: proves it ran on every replay
 
 
-class ReferenceDecodePlanner:
+class _Planner:
     def __init__(self) -> None:
         self.calls = 0
+        self.plans: dict[tuple[str, int], DecodePlan] = {}
 
+    def _record(self, key: str, bs: int, total: int) -> DecodePlan:
+        self.calls += 1
+        p = self.plans.get((key, bs))
+        if p is None:
+            p = self.plans[(key, bs)] = DecodePlan(bs)
+        p.total_kv, p.call = total, self.calls
+        return p
+
+
+class ReferenceDecodePlanner(_Planner):
     def __call__(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "") -> DecodePlan:
         if indptr_host.device.type != "cpu":
             raise PlanError("plan() needs the indptr on the host; a device indptr forces a blocking copy "
@@ -36,15 +54,11 @@ class ReferenceDecodePlanner:
         bs = last_page_len_host.shape[0]
         if indptr_host.shape[0] != bs + 1:
             raise PlanError(f"indptr has {indptr_host.shape[0]} entries for batch size {bs}; expected {bs + 1}")
-        self.calls += 1
-        return DecodePlan(bs, int(indptr_host.numpy()[-1]), self.calls)
+        return self._record(key, bs, int(indptr_host.numpy()[-1]))
 
 
-class ReferencePrefillPlanner:
+class ReferencePrefillPlanner(_Planner):
     """Stand-in for the prefill (verify) plan(): host qo and kv indptrs, nothing from the device."""
-
-    def __init__(self) -> None:
-        self.calls = 0
 
     def __call__(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "") -> DecodePlan:
         for name, t in (("qo_indptr", qo_indptr_host), ("kv_indptr", kv_indptr_host)):
@@ -52,8 +66,7 @@ class ReferencePrefillPlanner:
                 raise PlanError(f"plan() needs {name} on the host; compute it in out_graph from host mirrors")
         if qo_indptr_host.shape != kv_indptr_host.shape:
             raise PlanError(f"qo and kv indptr differ in length: {qo_indptr_host.shape} vs {kv_indptr_host.shape}")
-        self.calls += 1
-        return DecodePlan(kv_indptr_host.shape[0] - 1, int(kv_indptr_host.numpy()[-1]), self.calls)
+        return self._record(key, kv_indptr_host.shape[0] - 1, int(kv_indptr_host.numpy()[-1]))
 
 
 def with_key(planner):

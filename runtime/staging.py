@@ -1,109 +1,175 @@
-"""Per-step staging of batch inputs into static buffers.
+"""Per-step staging of batch inputs into static buffers, checked at the boundary.
 
-With pack-inputs, every batch input lives in one packed layout: the host
-staging buffer (pinned on a GPU) and its device twin. A step writes the live
-rows and the padding fill into the host side, then issues ONE host->device
-copy. Host-side writes go through NumPy views of the staging buffer: for
-the few hundred bytes a step moves, a torch op's dispatch costs more than
-the copy. Fields the batch only has on the device take a device->device
-copy into their slot after the packed copy (same stream, so ordered).
+Every batch input lives in one packed layout per mode: the host staging buffer (pinned on a
+GPU) and its device twin. A step writes the live rows and the padding fill into the host side,
+checks every live value against its range (``BatchError`` naming the field, row, value and
+limit), then issues ONE host->device copy. Checks read host values only, never the device:
+lengths against the context length, pool rows against the pool, KV slots against the slot
+table, dtypes (no floats, so no NaN), and narrowing (an int64 value that an int32 buffer would
+wrap). Host-side writes go through NumPy views of the staging buffer: for the few hundred bytes
+a step moves, a torch op's dispatch costs more than the copy.
 
-Hazard: the pinned staging buffer is read by an asynchronous copy. Writing
-it again before that copy has run corrupts the previous step's inputs (seen
-in engines that plan back to back), so each step waits on the event recorded
-after the previous copy before touching the buffer. The event is recorded on
-the stream current at the first step (looking the stream up every step costs
-more than the copy); an engine that stages on another stream calls
-``CompiledAttentionBackend.set_stream``.
+Fields the batch only has on the device (a DSV4 ``out_cache_loc``) take a device->device copy
+after the packed copy (same stream, so ordered); the host cannot check them without a sync, so
+the kernels that index with them guard every index on the device instead (out-of-range rows
+read nothing). A field the spec stages from a host mirror (``seq_lens_cpu``) must come with it:
+reading the device copy would cost a device->host sync every step.
+
+Hazard: the pinned staging buffer is read by an asynchronous copy. Writing it again before that
+copy has run corrupts the previous step's inputs (seen in engines that plan back to back), so
+each step waits on the event recorded after the previous copy before touching the buffer. The
+event is recorded on the stream current at the first step (looking the stream up every step
+costs more than the copy); an engine that stages on another stream calls ``set_stream``.
 """
 
 from __future__ import annotations
 
 import ctypes
 
-import attrs
 import numpy as np
 import torch
 
+from attnmeta.compiler.ir import Kind
+from attnmeta.compiler.lowering.binding import Slot
+
+_INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+_UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
+
 
 class BatchError(ValueError):
-    """A batch this backend cannot serve as given (too large, too long, missing a field)."""
+    """A batch this backend cannot serve as given: names the field, the row, the value and the limit."""
 
 
-@attrs.define
-class Slot:
-    source: str  # ForwardBatch field staged from (host mirror first)
-    name: str  # the device field, used when the mirror is absent
-    host: torch.Tensor  # [bs] view of the host staging buffer
-    dev: torch.Tensor | None  # [bs] view of the device packed buffer, None for host-only inputs
-    fill: int
-    limit: int | None = None  # largest legal value (sequence lengths: max_context_len less headroom)
-    limit_why: str = ""  # where the limit comes from, for the error
-    per_row: int = 1  # values per request: 1 for request fields, T for token fields ([bs*T])
-    np: np.ndarray = attrs.field(init=False)
-    mv: memoryview = attrs.field(init=False)
-    ptr: int = attrs.field(init=False)
-    itemsize: int = attrs.field(init=False)
+class _Staged:
+    """One slot of one plan: its views, bounds and a fast path for the common case (a contiguous
+    host tensor of the slot's dtype: one memmove, then one unsigned max catches negatives too)."""
 
-    def __attrs_post_init__(self) -> None:
-        self.np = self.host.numpy()
+    def __init__(self, slot: Slot, host: torch.Tensor, dev: torch.Tensor | None, env: dict[str, int], dirty: list):
+        self.slot, self.host, self.dev = slot, host, dev
+        self.source, self.device_field = slot.source, slot.device_field
+        self.fill, self.per_row = slot.fill, slot.per_row
+        self.lo, self.hi = slot.bounds(env)
+        self.np = host.numpy()
         self.mv = memoryview(self.np)
-        self.ptr, self.itemsize = self.host.data_ptr(), self.host.element_size()
+        self.umv = memoryview(self.np.view(_UNSIGNED.get(host.dtype, self.np.dtype)))
+        self.ptr, self.itemsize, self.dtype = host.data_ptr(), host.element_size(), host.dtype
+        info = np.iinfo(self.np.dtype)
+        self.full_range = self.lo <= info.min and self.hi >= info.max  # nothing to check
+        self.dirty = dirty  # [n]: entries at n and beyond hold the fill (shared by the mode's sizes)
 
-    def largest(self, live: int) -> int:
-        # NumPy's reduction costs ~1.5 µs however short the array; Python's max over the
-        # buffer is cheaper up to ~60 values, the batch sizes where a microsecond matters most
-        return max(self.mv[:live]) if live <= 48 else int(self.np[:live].max())
+    def write(self, src: torch.Tensor, live: int, capture: bool) -> None:
+        if src.dtype is self.dtype and src.is_contiguous():
+            ctypes.memmove(self.ptr, src.data_ptr(), live * self.itemsize)
+            if not self.full_range:
+                self._check_staged(live, capture)
+            return
+        if src.dtype not in _INTS:
+            why = "a float is truncated, and NaN has no value" if src.is_floating_point() else "convert it"
+            raise BatchError(f"{self.source} must hold integers (torch.int32 or torch.int64), got {src.dtype}: {why}")
+        a = src.numpy().reshape(-1)[:live]  # another integer dtype: check in its own range, then narrow
+        self._check(a, capture)
+        self.np[:live] = a
 
-    def write(self, src: torch.Tensor, raw: int) -> None:
-        """Live rows into the staging buffer. A same-dtype contiguous source is one memmove
-        (``Tensor.numpy()`` alone costs more than moving a few hundred bytes)."""
-        if src.dtype == self.host.dtype and src.is_contiguous():
-            ctypes.memmove(self.ptr, src.data_ptr(), raw * self.itemsize)
+    def _check_staged(self, live: int, capture: bool) -> None:
+        lo = 0 if capture and self.slot.kind is Kind.row else self.lo
+        if lo == 0 and self.hi >= 0:  # negatives read as huge unsigned values: one max checks both ends
+            top = max(self.umv[:live]) if live <= 48 else int(self.np[:live].view(self.umv.format).max())
+            if top > self.hi:
+                self._check(self.np[:live], capture)
+            return
+        if live <= 48:
+            ok = min(self.mv[:live]) >= lo and max(self.mv[:live]) <= self.hi
         else:
-            self.np[:raw] = src.numpy()[:raw]
+            ok = int(self.np[:live].min()) >= lo and int(self.np[:live].max()) <= self.hi
+        if not ok:
+            self._check(self.np[:live], capture)
+
+    def _check(self, a: np.ndarray, capture: bool) -> None:
+        lo = 0 if capture and self.slot.kind is Kind.row else self.lo
+        bad = np.nonzero((a < lo) | (a > self.hi))[0]
+        if bad.size:
+            raise BatchError(self._message(int(bad[0]), int(a[bad[0]]), lo))
+
+    def _message(self, row: int, v: int, lo: int) -> str:
+        s, field = self.slot, f"{self.source}[{row}] = {v}"
+        if s.kind is Kind.length and v > self.hi:
+            return (f"{field}: a sequence of {v} tokens exceeds {self.hi}, the longest this backend serves "
+                    f"({s.why}); recompile with a larger --max-context-len, or shorten the request")
+        if s.kind is Kind.length:
+            return f"{field}: a length cannot be negative (allowed {lo}..{self.hi}, {s.why})"
+        if s.kind is Kind.row:
+            return (f"{field} is not a request row of this pool: allowed {lo}..{self.hi}, {s.why}; "
+                    "pass the engine's req_to_token pool row of each request")
+        if s.kind is Kind.slot:
+            return f"{field} is not a KV slot of this pool: allowed {lo}..{self.hi} ({s.why})"
+        return f"{field} is outside {lo}..{self.hi}, {s.why}: it would wrap when narrowed to {self.dtype}"
+
+    def pad(self, live: int, total: int) -> None:
+        """Rows [live, total) get the fill. Rows the last step left as fill are not written again."""
+        top = min(total, self.dirty[0])
+        if top > live:
+            self.np[live:top] = self.fill
+        self.dirty[0] = live if self.dirty[0] <= total else max(self.dirty[0], live)
 
 
-@attrs.define
 class Stager:
-    slots: list[Slot]
-    copies: list[tuple[torch.Tensor, torch.Tensor]]  # (device, host) pairs: one when packed
-    event: list  # shared [event, stream] holder: the previous copy's event (one staging buffer per backend)
+    """The staging of one plan: its slots, and the packed copy of its mode's staging bytes."""
 
-    def stage(self, fb, bs: int, raw: int) -> None:
+    def __init__(self, slots: list[_Staged], copies: list[tuple[torch.Tensor, torch.Tensor]], event: list,
+                 device: torch.device):
+        self.slots, self.copies, self.event, self.device = slots, copies, event, device
+
+    def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
         ev = self.event[0]
         if ev is not None:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
         late = []
         for s in self.slots:
-            src = getattr(fb, s.source, None)
-            if src is None and s.source != s.name:
-                src = getattr(fb, s.name, None)
-            if src is None:
-                if raw:
-                    raise BatchError(f"the batch has no {s.name} (nor {s.source}), which the spec reads")
-                s.np[:] = s.fill
-                continue
+            src = self._source(fb, s, raw)
             live, total = raw * s.per_row, bs * s.per_row
-            if src.shape[0] < live:
-                raise BatchError(f"{s.source} has {src.shape[0]} values for a batch of {raw} x {s.per_row}")
-            if not src.is_cpu:
-                if s.dev is None:
-                    raise BatchError(f"{s.source} must be a host tensor: the spec reads it on the host")
-                late.append((s, src))  # device-only field: D2D after the packed copy, never a D2H sync
-            elif live:
-                s.write(src, live)
-                if s.limit is not None and s.largest(live) > s.limit:
-                    raise BatchError(f"a sequence of {s.largest(live)} tokens exceeds {s.limit}, the "
-                                     f"longest this backend serves ({s.limit_why}); recompile with a larger "
-                                     f"--max-context-len")
-            if live < total:
-                s.np[live:] = s.fill
+            if src is None:
+                s.pad(0, total)
+                continue
+            if not isinstance(src, torch.Tensor):  # an engine's host list (extend_seq_lens_cpu): the slow path
+                src = torch.as_tensor(src)
+            if src.shape[0] < live if src.dim() else True:
+                raise BatchError(f"{s.source} has {src.shape[0] if src.dim() else 'no'} values for a batch of {raw}"
+                                 f"{f' x {s.per_row}' if s.per_row > 1 else ''} rows")
+            if src.is_cpu:
+                if live:
+                    s.write(src, live, capture)
+            elif s.dev is None:
+                raise BatchError(f"{s.source} must be a host tensor: the spec reads it on the host")
+            elif src.device != self.device:
+                raise BatchError(f"{s.source} is on {src.device}, this backend on {self.device}")
+            elif src.dtype is not s.dtype:
+                raise BatchError(f"{s.source} must be {s.dtype} (the device copy is not converted), got {src.dtype}")
+            else:
+                late.append((s, src, live))  # device-only field: D2D after the packed copy, never a D2H sync
+            s.pad(live, total)
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
-        if self.copies and self.copies[0][0].device.type == "cuda":
+        if self.copies and self.device.type == "cuda":
             if ev is None:  # Event.record() with no stream looks the stream up: 5x the cost of recording
                 self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
             self.event[0].record(self.event[1])
-        for s, src in late:
-            s.dev[: raw * s.per_row].copy_(src[: raw * s.per_row], non_blocking=True)
+        for s, src, live in late:
+            s.dev[:live].copy_(src.reshape(-1)[:live], non_blocking=True)
+
+    @staticmethod
+    def _source(fb, s: _Staged, raw: int):
+        src = getattr(fb, s.source, None)
+        if src is not None:
+            return src
+        if s.device_field is not None:
+            d = getattr(fb, s.device_field, None)
+            if isinstance(d, torch.Tensor) and d.is_cpu:
+                return d  # the device field is itself a host tensor (a CPU serving loop)
+            if d is not None:
+                raise BatchError(f"the batch has {s.device_field} on {d.device} but no {s.source}: {s.device_field} "
+                                 f"is staged and checked from its host mirror {s.source} (reading the device copy "
+                                 f"would sync every step); set fb.{s.source}")
+        if raw:
+            raise BatchError(f"the batch has no {s.device_field or s.source}"
+                             f"{f' (nor {s.source})' if s.device_field else ''}, which the spec reads")
+        return None

@@ -1,7 +1,7 @@
 """The metadata IR: types, op table, graph, builder, text form, verifier, interpreter."""
 
 from .builder import SpecBuilder, SpecError, V
-from .graph import Graph, Input, Node, Output, Role
+from .graph import Buffer, Graph, Input, Kind, Node, Output, Role, Space, Use
 from .interp import eval_graph, valid_prefix
 from .ops import OPS, Op, OpInfo, ShapeError
 from .parser import ParseError, parse
@@ -10,7 +10,7 @@ from .types import SYMBOLS, DType, Dynamic, Placement, Region, TensorType, dim
 from .verify import VerifyError, verify
 
 __all__ = [
-    "OPS", "SYMBOLS", "DType", "Dynamic", "Graph", "Input", "Node", "Op", "OpInfo", "Output", "ParseError",
-    "Placement", "Region", "Role", "ShapeError", "SpecBuilder", "SpecError", "TensorType", "V", "VerifyError",
-    "dim", "eval_graph", "parse", "print_graph", "valid_prefix", "verify",
+    "OPS", "SYMBOLS", "Buffer", "DType", "Dynamic", "Graph", "Input", "Kind", "Node", "Op", "OpInfo", "Output",
+    "ParseError", "Placement", "Region", "Role", "ShapeError", "Space", "SpecBuilder", "SpecError", "TensorType",
+    "Use", "V", "VerifyError", "dim", "eval_graph", "parse", "print_graph", "valid_prefix", "verify",
 ]

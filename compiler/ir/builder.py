@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from .graph import Graph, Input, Node, Output, Role
+from .graph import Graph, Input, Kind, Node, Output, Role
 from .ops import AttrValue, Op, ShapeError, coerce_attrs, infer
 from .types import DType, Placement, Region, TensorType, dim
 
@@ -63,6 +63,7 @@ class SpecBuilder:
         self._movable = False
         self._n = 0
         self._names: set[str] = set()
+        self._types: dict[str, TensorType] = {}  # values of this builder: foreign handles are refused
 
     # --- regions ---
     @contextlib.contextmanager
@@ -96,17 +97,44 @@ class SpecBuilder:
         return name
 
     def input(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device,
-              fill: int | None = None, role: Role = Role.batch, mirror: str | None = None) -> V:
+              fill: int | None = None, role: Role = Role.batch, mirror: str | None = None,
+              kind: Kind = Kind.value, hi=None) -> V:
         """A ForwardBatch field (``role=batch``, padded with ``fill``) or a pool. ``mirror`` names a
-        host field with the same values, so staging never reads the device copy."""
-        t = TensorType(dtype, tuple(shape), placement)
-        self._inputs.append(Input(self._fresh(name), t, role, fill, caller_origin(), mirror))
+        host field with the same values, so staging never reads the device copy. ``kind`` says what
+        the values mean (a length, a pool row, a KV slot): every live value is checked against its
+        range before a step runs; ``hi`` overrides the kind's upper bound (e.g. ``"L - D"``)."""
+        if not isinstance(kind, Kind):
+            raise SpecError(f"{caller_origin()}: kind must be one of {[k.value for k in Kind]}, got {kind!r}")
+        try:
+            t = TensorType(dtype, tuple(shape), placement)
+        except (TypeError, ValueError, SyntaxError) as e:
+            raise SpecError(f"{caller_origin()}: input {name!r} has a malformed shape {shape!r}: {e}") from None
+        self._check_shape(name, t)
+        self._inputs.append(Input(self._fresh(name), t, role, fill, caller_origin(), mirror, kind, hi))
+        self._types[name] = t
         return V(name, t)
+
+    @staticmethod
+    def _check_shape(name: str, t: TensorType) -> None:
+        neg = [d for d in t.shape if getattr(d, "is_Integer", False) and int(d) < 0]
+        if neg:
+            raise SpecError(f"{caller_origin()}: {name!r} has a negative extent in shape {t}; extents are >= 0")
 
     def pool(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device) -> V:
         return self.input(name, dtype, shape, placement, None, Role.pool)
 
-    def op(self, op: Op, *ins: V, name: str | None = None, **a: AttrValue) -> V:
+    def op(self, op: Op | str, *ins: V, name: str | None = None, **a: AttrValue) -> V:
+        if not isinstance(op, Op):
+            try:
+                op = Op(op)
+            except ValueError:
+                raise SpecError(f"{caller_origin()}: unknown op {op!r}; ops: {sorted(o.value for o in Op)}") from None
+        for v in ins:
+            if not isinstance(v, V) or self._types.get(v.name) != v.type:
+                what = f"%{v.name}" if isinstance(v, V) else repr(v)
+                raise SpecError(f"{caller_origin()}: {op.value} operand {what} is not a value of spec {self.name!r}; "
+                                "use values this builder returned (not another builder's, nor a Python number: "
+                                "b.full(...) makes a constant)")
         return self._op_at(op, list(ins), coerce_attrs(op, a), name, caller_origin())
 
     # --- sugar for the op table ---
@@ -202,13 +230,19 @@ class SpecBuilder:
             t = infer(op, [v.type for v in ins], a)
         except ShapeError as e:
             raise SpecError(f"{origin}: {e}") from None
+        except (TypeError, ValueError, SyntaxError) as e:  # a malformed attribute (a dim that is no expression)
+            raise SpecError(f"{origin}: {op.value}: {e}") from None
+        self._check_shape(name or op.value, t)
         node = Node(self._fresh(name), op, tuple(v.name for v in ins), a, t, self._region, self._movable, origin)
         self._nodes.append(node)
+        self._types[node.name] = t
         return V(node.name, t)
 
     def outputs(self, ragged: dict[str, str] | None = None, **fields: V) -> None:
         """Bind metadata fields; ``ragged`` maps a field to the indptr field bounding it."""
         for f, v in fields.items():
+            if not isinstance(v, V) or self._types.get(v.name) != v.type:
+                raise SpecError(f"{caller_origin()}: field {f} is bound to {v!r}, not a value of spec {self.name!r}")
             self._outputs.append(Output(f, v.name, (ragged or {}).get(f)))
 
     def build(self) -> Graph:

@@ -14,12 +14,58 @@ import networkx as nx
 import sympy
 
 from .ops import AttrValue, Op, norm_attr
-from .types import Region, TensorType
+from .types import SYMBOLS, Dim, Region, TensorType, dim
+
+# ops whose row i depends only on row i of their operands (or whole 1-D tables): prefix-preserving
+_ROWWISE = (Op.ewise, Op.ewise_const, Op.cast, Op.compare, Op.where, Op.copy, Op.cumsum, Op.lookup, Op.flatten,
+            Op.sort_rows, Op.reduce_rows)
 
 
 class Role(enum.Enum):
     batch = "batch"  # per-step ForwardBatch field, rows padded to the captured bs
     pool = "pool"  # persistent tensor bound once (req_to_token, KV pool)
+
+
+class Kind(enum.Enum):
+    """What a batch input's values mean. It sets the range every live value is checked against
+    before a step runs, and which padding fills are safe (check-split)."""
+
+    value = "value"  # no index meaning: any value of its dtype
+    length = "length"  # a token count: 0 .. hi (default L, the context length)
+    row = "row"  # a row of req_to_token: 1 .. R-1 (row 0 is reserved: padded rows read it)
+    slot = "slot"  # a KV-cache slot: 0 .. N-1 (slot 0 is reserved: padded rows write it)
+
+
+class Space(enum.Enum):
+    staging = "staging"  # the packed per-step input buffer (pinned host, and its device twin)
+    arena = "arena"  # static device buffers: metadata fields, intermediates, crossings
+    host = "host"  # static host buffers out_graph writes its host values into
+
+
+class Use(enum.Enum):
+    input = "input"  # batch inputs staged from one ForwardBatch field (a device field and its host mirror)
+    field = "field"  # a metadata field the kernels read
+    value = "value"  # an in_graph intermediate a fused kernel may store, or a constant
+    crossing = "crossing"  # an out_graph device value the graph reads
+    host = "host"  # an out_graph host value
+
+
+@attrs.frozen
+class Buffer:
+    """A static buffer region of one mode, laid out at max_bs by pack-inputs (staging) and
+    plan-buffers (arena, host). Offsets are bytes from the mode's base; regions in one space
+    never overlap (the verifier checks it), so no two live values of a mode share memory."""
+
+    space: Space
+    use: Use
+    name: str  # the staging source field, the metadata field, or the value held
+    values: tuple[str, ...]  # the IR values read from or written to it
+    offset: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
 
 
 def _attrs(a: dict[str, AttrValue] | tuple) -> tuple[tuple[str, AttrValue], ...]:
@@ -41,7 +87,8 @@ class Input:
     fill: int | None = None  # value written into padded rows (batch inputs)
     origin: str = ""
     mirror: str | None = None  # host field holding the same values (staged from it: no device read)
-    offset: int | None = None  # byte offset in the packed staging buffer (set by pack-inputs)
+    kind: Kind = Kind.value
+    hi: Dim | None = attrs.field(default=None, converter=lambda d: None if d is None else dim(d))  # kind's bound
 
     @property
     def source(self) -> str:
@@ -71,7 +118,6 @@ class Output:
     field: str  # metadata field name the kernels read
     value: str
     ragged_by: str | None = None  # indptr output whose last entry bounds the valid prefix
-    offset: int | None = None  # byte offset in the device arena of static outputs (set by plan-buffers)
 
 
 @attrs.frozen
@@ -81,6 +127,10 @@ class Graph:
     nodes: tuple[Node, ...]
     outputs: tuple[Output, ...]
     symbols: tuple[tuple[str, int], ...] = attrs.field(converter=lambda s: tuple(sorted(dict(s).items())), default=())
+    buffers: tuple[Buffer, ...] = ()  # the static layout (pack-inputs, plan-buffers); empty before them
+
+    def buffer_of(self, space: Space, use: Use, name: str) -> Buffer | None:
+        return next((b for b in self.buffers if b.space is space and b.use is use and b.name == name), None)
 
     # --- lookups (derived, never stored) ---
     def types(self) -> dict[str, TensorType]:
@@ -131,6 +181,40 @@ class Graph:
                 if rowless or all(x in out and x not in fields for x in n.inputs):
                     out[n.name] = None
         return tuple(out)
+
+    def stable_constants(self) -> frozenset[str]:
+        """Constants of a mode-generic graph whose value at any batch size is the row-major prefix
+        of their value at max_bs, so one shared buffer, written once at max_bs, serves every size
+        (``full``, ``arange(bs+1)*D``, ``z // K``). Not so: a reduction over rows, a slice whose
+        start moves with bs, an ``outer`` whose column count does: those are evaluated per size."""
+        from .ops import CONST_OPS
+
+        bs, types, consts = SYMBOLS["bs"], self.types(), set(self.constants())
+
+        def free(x: str) -> bool:  # no extent depends on bs
+            return all(isinstance(d, sympy.Expr) and bs not in d.free_symbols for d in types[x].shape)
+
+        def rows(x: str) -> bool:  # bs only in the leading extent: rows of a fixed width
+            return all(isinstance(d, sympy.Expr) and bs not in d.free_symbols for d in types[x].shape[1:])
+
+        def attr_free(v) -> bool:
+            return bs not in sympy.sympify(v).free_symbols
+
+        stable: set[str] = set()
+        for n in self.nodes:
+            ins = n.inputs
+            if n.name not in consts:
+                continue
+            if n.op in CONST_OPS or (all(free(x) for x in ins) and free(n.name)):
+                stable.add(n.name)
+            elif not all(x in stable for x in ins):
+                continue
+            elif n.op in _ROWWISE and all(rows(x) for x in (*ins, n.name)):
+                stable.add(n.name)
+            elif (n.op is Op.outer and free(ins[1])) or (n.op is Op.repeat and attr_free(n.a["times"])) or (
+                    n.op is Op.slice and attr_free(n.a["start"])):
+                stable.add(n.name)
+        return frozenset(stable)
 
     def region_nodes(self, region: Region) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.region is region)

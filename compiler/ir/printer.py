@@ -6,7 +6,7 @@ import json
 
 import sympy
 
-from .graph import Graph, Input, Node, Output
+from .graph import Buffer, Graph, Input, Kind, Node, Output
 from .ops import AttrValue
 from .types import DType, Dynamic, Placement, TensorType, dim_str
 
@@ -37,8 +37,10 @@ def fmt_input(i: Input) -> str:
         s += f" fill={i.fill}"
     if i.mirror is not None:
         s += f" mirror={i.mirror}"
-    if i.offset is not None:
-        s += f" offset={i.offset}"
+    if i.kind is not Kind.value:
+        s += f" kind={i.kind.value}"
+    if i.hi is not None:
+        s += f" hi={json.dumps(dim_str(i.hi))}"
     if i.origin:
         s += f" @{json.dumps(i.origin)}"
     return s
@@ -63,9 +65,12 @@ def fmt_output(o: Output) -> str:
     s = f"  output {o.field} = %{o.value}"
     if o.ragged_by:
         s += f" ragged_by {o.ragged_by}"
-    if o.offset is not None:
-        s += f" offset={o.offset}"
     return s
+
+
+def fmt_buffer(b: Buffer) -> str:
+    vals = ", ".join(f"%{v}" for v in b.values)
+    return f"  buffer {b.space.value} {b.use.value} {b.name} [{vals}] offset={b.offset} bytes={b.nbytes}"
 
 
 def print_graph(g: Graph) -> str:
@@ -74,5 +79,6 @@ def print_graph(g: Graph) -> str:
     lines += [fmt_input(i) for i in g.inputs]
     lines += [fmt_node(n) for n in g.nodes]
     lines += [fmt_output(o) for o in g.outputs]
+    lines += [fmt_buffer(b) for b in g.buffers]
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sympy
 
-from .graph import Graph, Role
+from .graph import Graph, Kind, Role
 from .ops import ShapeError, infer
 from .types import SYMBOLS, Dynamic, TensorType
 
@@ -50,6 +50,12 @@ def verify(g: Graph) -> Graph:
             problems.append(f"input %{i.name} mirrors %{i.mirror}, which has another dtype")
         if i.role is Role.pool and i.fill is not None:
             problems.append(f"pool input %{i.name} cannot have a fill value; only batch inputs are padded")
+        if i.role is Role.batch and "bs" not in g.env and not _per_row(i.type):
+            problems.append(f"batch input %{i.name} has leading extent {i.type.shape[0] if i.type.shape else '()'}: "
+                            "batch inputs are per-request rows ([bs] or [k*bs]) that padding fills row by row; "
+                            "compute indptrs and totals in the graph")
+        if i.kind is not Kind.value and i.type.dtype.value not in ("i32", "i64"):
+            problems.append(f"input %{i.name} of kind {i.kind.value} must be an integer, got {i.type}")
     for n in g.nodes:
         where = _where(n.origin)
         if n.name in types:
@@ -79,6 +85,38 @@ def verify(g: Graph) -> Graph:
             problems.append(f"output field {o.field} is bound twice")
         if o.ragged_by is not None and o.ragged_by not in fields:
             problems.append(f"output {o.field} is ragged_by {o.ragged_by}, which is not an output field")
+    problems += _layout_problems(g, types)
     if problems:
         raise VerifyError(g.name, sorted(set(problems), key=problems.index))
     return g
+
+
+def _per_row(t: TensorType) -> bool:
+    """A leading extent k*bs (k >= 1 free of bs): padding fills whole rows of it."""
+    if not t.shape or isinstance(t.shape[0], Dynamic):
+        return False
+    bs, e = SYMBOLS["bs"], sympy.expand(t.shape[0])
+    k = sympy.simplify(e / bs)
+    return e.subs(bs, 0) == 0 and bs not in k.free_symbols and k != 0
+
+
+def _layout_problems(g: Graph, types: dict[str, TensorType]) -> list[str]:
+    """The no-alias invariant: regions of one space never overlap, and name values that exist."""
+    problems = []
+    by_space: dict = {}
+    for b in g.buffers:
+        missing = [v for v in b.values if v not in types]
+        if missing:
+            problems.append(f"buffer {b.name} holds undefined value(s) {', '.join('%' + m for m in missing)}")
+        if b.offset < 0 or b.nbytes < 0:
+            problems.append(f"buffer {b.name} has a negative offset or size ({b.offset}, {b.nbytes})")
+        by_space.setdefault(b.space, []).append(b)
+    for space, bufs in by_space.items():
+        reach = None  # the region reaching furthest so far: any later start before its end overlaps it
+        for b in sorted((b for b in bufs if b.nbytes), key=lambda b: b.offset):
+            if reach is not None and b.offset < reach.end:
+                problems.append(f"{space.value} buffers {reach.use.value} {reach.name} [{reach.offset}, {reach.end}) "
+                                f"and {b.use.value} {b.name} [{b.offset}, {b.end}) overlap: their values would alias")
+            if reach is None or b.end > reach.end:
+                reach = b
+    return problems

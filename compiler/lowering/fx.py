@@ -1,13 +1,15 @@
-"""Lower a specialized graph to two torch.fx GraphModules.
+"""Lower a specialized graph to torch.fx GraphModules and the plan's binding.
 
 - ``out_gm``: the out_graph nodes (host ops, planner calls), run before
-  every replay.
+  every replay; host values are written in place into static host buffers.
 - ``in_gm``: the in_graph nodes, captured once and replayed; each metadata
-  output is written *in place* into a static buffer passed as ``out__<field>``.
+  output is written *in place* into its static buffer.
+- ``const_gm``: the plan's own constants, evaluated once when it is bound.
+  Constants every size shares (``full``, ``arange``) are written once per
+  mode, at max_bs, by the mode's init module (``lower_init``).
 
-Constant nodes (full, arange) are not lowered into either module: the runtime
-evaluates them once into static buffers at instantiate, so they cost nothing
-per step.
+Every placeholder is recorded as a typed ``Arg`` in the binding, so the
+runtime binds by kind and never parses a name.
 """
 
 from __future__ import annotations
@@ -21,42 +23,29 @@ import sympy
 import torch
 import torch.fx as fx
 
-from ..ir import Graph, Node, Op, Region
+from ..ir import Graph, Node, Op, Region, Role
 from ..ir.ops import CONST_OPS
 from ..ir.types import DType, Placement
+from ..modes import ForwardMode
+from .binding import Arg, ArgKind, Binding
 from .kernels import KERNELS
+from .places import LoweringError, Places
 
-DEVICE, PLANNERS = "device", "planners"
-
-
-def out_arg(field: str) -> str:
-    return f"out__{field}"
-
-
-def scratch_arg(value: str) -> str:
-    """Placeholder of the static device buffer a fused kernel stores an intermediate value into."""
-    return f"tmp__{value}"
-
-
-def host_arg(value: str) -> str:
-    """Placeholder of the static host buffer an out_graph value is written into."""
-    return f"hbuf__{value}"
+DEVICE, PLANNERS = "on_device", "planners"  # placeholder names (fx prints a torch.device as device(...))
 
 
 @attrs.frozen
 class LoweredPlan:
     graph: Graph
-    consts: tuple[str, ...]
-    out_gm: fx.GraphModule
-    out_args: tuple[str, ...]  # placeholder order: value names, hbuf__<value>, DEVICE, PLANNERS
-    out_results: tuple[str, ...]
-    in_gm: fx.GraphModule
-    in_args: tuple[str, ...]  # value names, out__<field>, DEVICE
-    crossing: tuple[str, ...]  # out_graph device values the graph reads: need static buffers
-    in_outputs: tuple[str, ...]  # fields written by in_gm
+    out_gm: fx.GraphModule  # host ops and planners, before every replay
+    in_gm: fx.GraphModule  # device work, captured once and replayed
+    const_gm: fx.GraphModule  # this plan's own constants, once at bind
+    binding: Binding
     kernels: tuple = ()  # FusedKernel sources launched by in_gm
-    views: tuple[tuple[str, str, int, int], ...] = ()  # (value, input, start, stop): bound once, never run
-    scratch: tuple[str, ...] = ()  # kernel-stored values that are no field: static buffers, tmp__<value>
+
+    @property
+    def consts(self) -> tuple[str, ...]:
+        return self.graph.constants()
 
     def code(self) -> str:
         text = (f"# out_graph of {self.graph.name}\n{self.out_gm.code}\n"
@@ -80,38 +69,38 @@ def kernel_kwargs(n: Node) -> dict:
     return kw
 
 
-def eval_const(n: Node, device: torch.device, ins=(), out: torch.Tensor | None = None) -> torch.Tensor:
-    """A constant's value (``Graph.constants``): a const op on ``device``, or an op over the
-    constants ``ins`` it reads."""
-    if n.op not in CONST_OPS:
-        return KERNELS[n.op](*ins, **kernel_kwargs(n), out=out)
-    dev = torch.device("cpu") if n.type.placement.on_host else device
-    return KERNELS[n.op](**kernel_kwargs(n), device=dev, out=out)
-
-
 def _ident(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
 class _Builder:
-    def __init__(self) -> None:
-        self.g = fx.Graph()
-        self.args: list[str] = []
-        self.env: dict[str, fx.Node] = {}
+    """One fx graph; each placeholder is recorded with the typed argument it stands for."""
 
-    def arg(self, name: str) -> fx.Node:
-        if name not in self.env:
-            self.args.append(name)
-            self.env[name] = self.g.placeholder(_ident(name))
-        return self.env[name]
+    def __init__(self, resolve) -> None:
+        self.g = fx.Graph()
+        self.args: list[Arg] = []
+        self.env: dict[str, fx.Node] = {}
+        self.resolve = resolve  # IR value -> Arg, for values this module reads but does not compute
+
+    def arg(self, key: str, a: Arg) -> fx.Node:
+        if key not in self.env:
+            self.args.append(a)
+            self.env[key] = self.g.placeholder(_ident(key))
+        return self.env[key]
+
+    def value(self, x: str) -> fx.Node:
+        return self.env[x] if x in self.env else self.arg(x, self.resolve(x))
 
     def call(self, n: Node, out: fx.Node | None = None) -> fx.Node:
-        ins = [self.env[x] if x in self.env else self.arg(x) for x in n.inputs]
+        ins = [self.value(x) for x in n.inputs]
         kw = kernel_kwargs(n)
         if n.op is Op.host_call:
-            r = self.g.call_function(KERNELS[Op.host_call], (self.arg(PLANNERS), kw["target"], *ins), {"key": n.name})
-        elif n.op is Op.to_device:
-            r = self.g.call_function(KERNELS[n.op], tuple(ins), {"device": self.arg(DEVICE), "out": out})
+            r = self.g.call_function(KERNELS[Op.host_call], (self.arg(PLANNERS, Arg(PLANNERS, ArgKind.planners)),
+                                                              kw["target"], *ins), {"key": n.name})
+        elif n.op is Op.to_device or n.op in CONST_OPS:
+            dev = torch.device("cpu") if n.type.placement.on_host else self.arg(DEVICE, Arg(DEVICE, ArgKind.device))
+            r = self.g.call_function(KERNELS[n.op], tuple(ins), {**(kw if n.op in CONST_OPS else {}),
+                                                                 "device": dev, "out": out})
         else:
             r = self.g.call_function(KERNELS[n.op], tuple(ins), {**kw, **({"out": out} if out is not None else {})})
         r.name = _ident(n.name)
@@ -165,68 +154,120 @@ def _make_launcher(fn, meta, n_args, tables, row, name):
     return run
 
 
-def lower(g: Graph) -> LoweredPlan:
-    """Requires a specialized, split-checked graph. Produces a LoweredPlan."""
+def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, int], max_bs: int) -> LoweredPlan:
+    """Requires a specialized, split-checked graph whose layout (pack-inputs, plan-buffers) sits at
+    ``base`` in the backend's spaces. Produces the three fx modules and the plan's binding.
+    ``stable``: the mode's constants whose shared buffer the mode's init writes at max_bs; the
+    plan's other constants get buffers of their own, written by ``const_gm`` when it is bound."""
+    places = Places(g, mode, base, max_bs)
     consts = g.constants()
+    local = tuple(c for c in consts if c not in stable)
+    fields = {o.value for o in g.outputs}
+    inputs = {i.name: i for i in g.inputs}
     # A static row range of a batch input (a TBO child's rows) is a view of a static buffer: taken
     # once when the plan is bound. The code then holds no batch-size-dependent bounds, so every
     # size shares one module, and no step spends a call (or, on the host, a copy) on it.
-    fields = {o.value for o in g.outputs}
-    views = tuple((n.name, n.inputs[0], int(n.a["start"]), int(n.a["stop"])) for n in g.nodes
-                  if n.op is Op.slice and n.inputs[0] in {i.name for i in g.inputs} and n.name not in fields)
-    const_set = set(consts) | {v[0] for v in views}
-    in_nodes = [n for n in g.nodes if n.region is Region.in_graph and n.name not in const_set]
-    out_nodes = [n for n in g.nodes if n.region is Region.out_graph and n.name not in const_set]
+    views = {n.name: n for n in g.nodes if n.op is Op.slice and n.inputs[0] in inputs and n.name not in fields}
+    skip = set(consts) | set(views)
+    in_nodes = [n for n in g.nodes if n.region is Region.in_graph and n.name not in skip]
+    out_nodes = [n for n in g.nodes if n.region is Region.out_graph and n.name not in skip]
     out_names = {n.name for n in out_nodes}
     in_names = {n.name for n in in_nodes}
+    local_regions = places.locals(local)
+
+    def resolve(x: str) -> Arg:
+        if x in inputs:
+            i = inputs[x]
+            return Arg(x, ArgKind.pool) if i.role is Role.pool else Arg(x, ArgKind.batch, places.batch(x))
+        if x in views:
+            src, v = inputs[views[x].inputs[0]], views[x]
+            pool = src.role is Role.pool
+            return Arg(x, ArgKind.view, None if pool else places.batch(src.name), src.name if pool else None,
+                       int(v.a["start"]), int(v.a["stop"]))
+        if x in local_regions:
+            return Arg(x, ArgKind.const, local_regions[x])
+        if x in consts:
+            return Arg(x, ArgKind.const, places.const(x))
+        if x in out_names:  # an out_graph value the graph reads: copied into its static buffer
+            return Arg(x, ArgKind.crossing, places.value(x))
+        raise LoweringError(f"{g.name}: no place for %{x}")
 
     crossing = tuple(dict.fromkeys(x for n in in_nodes for x in n.inputs if x in out_names))
-    out_fields_from_out = [o.value for o in g.outputs if o.value in out_names]
-    ob = _Builder()
+    ob = _Builder(resolve)
     for n in out_nodes:  # host tensors land in static host buffers: no allocation per step
-        static = n.type.placement.on_host and n.type.dtype.value != "opaque" and not n.type.is_dynamic
-        ob.call(n, out=ob.arg(host_arg(n.name)) if static and n.op is not Op.host_call else None)
-    out_results = tuple(dict.fromkeys([*crossing, *out_fields_from_out]))
-    out_gm = ob.module([ob.env[x] for x in out_results])
+        host = places.host(n.name) if n.op is not Op.host_call else None
+        ob.call(n, out=ob.arg(f"hbuf__{n.name}", Arg(n.name, ArgKind.host, host)) if host else None)
+        for f in places.fields_of(n.name)[1:] if host else ():  # a second field of the value: its own copy
+            ob.g.call_method("copy_", (ob.arg(f"out__{f}", Arg(f, ArgKind.field, places.field(f))), ob.env[n.name]))
+    planned = tuple(o.field for o in g.outputs if o.value in out_names and places.host(o.value) is None)
+    value_of = {o.field: o.value for o in g.outputs}
+    out_gm = ob.module([ob.env[x] for x in (*crossing, *(value_of[f] for f in planned))])
 
-    ib = _Builder()
+    ib = _Builder(resolve)
     bound: dict[str, str] = {}  # value -> first field whose buffer it is written into
     for o in g.outputs:
         if o.value in in_names and o.value not in bound:
             bound[o.value] = o.field
+
+    def out(x: str) -> fx.Node:  # the static buffer value x is stored into: a field's, else scratch
+        if x in bound:
+            return ib.arg(f"out__{bound[x]}", Arg(bound[x], ArgKind.field, places.field(bound[x])))
+        return ib.arg(f"tmp__{x}", Arg(x, ArgKind.scratch, places.value(x)))
+
     users = g.users()
-    fields = {o.value for o in g.outputs}
-    kernels, scratch = [], []
+    kernels = []
     for item in _schedule(in_nodes):  # unfused nodes and whole kernels, in dependency order
         if isinstance(item, str):
             n = g.node(item)
-            ib.call(n, out=ib.arg(out_arg(bound[n.name])) if n.name in bound else None)
+            ib.call(n, out=out(n.name) if n.name in bound else None)
             continue
         group = item
-        outs = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
-        fk, run = _launcher(g, group, outs)
+        stored = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
+        fk, run = _launcher(g, group, stored)
         kernels.append(fk)
-        xs = [ib.env[a] if a in ib.env else ib.arg(a) for a in fk.args]
         # every store lands in a static buffer: a field's, or scratch for what another kernel reads,
         # so nothing is allocated per step and sizes share one launcher (and one module)
-        xs += [ib.arg(out_arg(bound[x]) if x in bound else scratch_arg(x)) for x in outs]
-        scratch += [x for x in outs if x not in bound]
-        call = ib.g.call_function(run, tuple(xs))
-        for k, x in enumerate(outs):
+        call = ib.g.call_function(run, (*(ib.value(a) for a in fk.args), *(out(x) for x in stored)))
+        for k, x in enumerate(stored):
             ib.env[x] = ib.g.call_function(operator.getitem, (call, k))
-    in_outputs = []
+    meta: list[tuple[str, Arg]] = []
     for o in g.outputs:
-        if o.value in out_names or o.value in const_set:
-            continue  # out_graph fields are host values; const fields are filled at instantiate
-        in_outputs.append(o.field)
-        if bound.get(o.value) == o.field:
+        if o.field in planned:
             continue
-        # an input passed through, or a value bound to a second field: copy into this field's buffer
-        src = ib.env[o.value] if o.value in ib.env else ib.arg(o.value)
-        ib.g.call_method("copy_", (ib.arg(out_arg(o.field)), src))
+        if o.value in in_names or (o.value in inputs and not inputs[o.value].type.placement.on_host) or (
+                o.value in views):
+            field = Arg(o.field, ArgKind.field, places.field(o.field))
+            if bound.get(o.value) != o.field:  # passed through, or a second field: copy into its buffer
+                ib.g.call_method("copy_", (ib.arg(f"out__{o.field}", field), ib.value(o.value)))
+            meta.append((o.field, field))
+        elif o.value in out_names or (o.value in consts and o.value not in local_regions):
+            meta.append((o.field, Arg(o.field, ArgKind.field, places.field(o.field))))  # its own buffer
+        else:  # a per-size constant, or a host batch input
+            meta.append((o.field, resolve(o.value)))
     in_gm = ib.module([])
-    return LoweredPlan(g, consts, out_gm, tuple(ob.args), out_results, in_gm, tuple(ib.args), crossing,
-                       tuple(in_outputs), tuple(kernels), views, tuple(scratch))
+
+    cb = _Builder(resolve)
+    for c in local:
+        cb.call(g.node(c), out=cb.arg(f"const__{c}", Arg(c, ArgKind.const, local_regions[c])))
+    const_gm = cb.module([])
+    binding = Binding(mode, g.env["bs"], g.name, places.slots(), places.copies(), tuple(ob.args), tuple(ib.args),
+                      tuple(cb.args), tuple(resolve(x) for x in crossing), planned, tuple(meta),
+                      places.local_bytes(local_regions))
+    return LoweredPlan(g, out_gm, in_gm, const_gm, binding, tuple(kernels))
+
+
+def lower_init(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, int]) -> tuple[fx.GraphModule,
+                                                                                                    tuple[Arg, ...]]:
+    """The mode's init module: its stable constants, on the graph specialized at max_bs, written
+    once into their shared regions (and into every further field bound to the same value)."""
+    places = Places(g, mode, base, g.env["bs"])
+    order = [c for c in g.constants() if c in stable]
+    b = _Builder(lambda x: Arg(x, ArgKind.const, places.const(x)))
+    for c in order:
+        b.call(g.node(c), out=b.arg(f"const__{c}", Arg(c, ArgKind.const, places.const(c))))
+        for f in places.fields_of(c)[1:]:
+            b.g.call_method("copy_", (b.arg(f"out__{f}", Arg(f, ArgKind.field, places.field(f))), b.env[c]))
+    return b.module([]), tuple(b.args)
 
 
 def _schedule(in_nodes) -> list:

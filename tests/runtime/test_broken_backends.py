@@ -20,12 +20,12 @@ class RebindingBackend(CompiledAttentionBackend):
         if in_capture:
             return super().init_forward_metadata_out_graph(fb, in_capture)
         b = self.bound(fb.forward_mode, fb.batch_size)
-        key = (b.mode, "seq_lens")
-        captured = self.inputs[key]
+        k = next(i for i, a in enumerate(b.binding.in_args) if a.name == "seq_lens")
+        captured = b.in_args[k]
         saved = captured.clone()
-        self.inputs[key] = captured.clone()  # rebound before out_graph runs, as a hand-written backend does
+        b.in_args[k] = fresh = captured.clone()  # rebound before out_graph runs, as a hand-written backend does
         super().init_forward_metadata_out_graph(fb, in_capture)
-        self.inputs[key].copy_(captured)  # the new values live only in the fresh tensor...
+        fresh.copy_(captured)  # the new values live only in the fresh tensor...
         captured.copy_(saved)  # ...the captured buffer was never written
 
 

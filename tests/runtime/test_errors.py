@@ -95,11 +95,13 @@ def test_unsupported_mode_and_bad_options():
 
 @pytest.mark.parametrize("live", [1, 48, 49, 200])
 def test_the_length_check_sees_every_live_row(live):
-    """Both ways of finding the longest sequence (short and long batches) read exactly the live rows."""
-    from attnmeta.runtime.staging import Slot
-
-    host = torch.ones(256, dtype=torch.int32)
-    slot = Slot("seq_lens_cpu", "seq_lens", host, None, 1, limit=100)
-    host[live - 1] = 101  # the last live row is the long one
-    host[live] = 500  # past the live rows: not looked at
-    assert slot.largest(live) == 101
+    """Both ways of checking a slot (short batches in Python, long ones in NumPy) read exactly the live
+    rows: the last live row is caught, a longer value past them is not looked at."""
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=256, capture_sizes=(256,), max_context_len=100))
+    be = cb.instantiate(make_pool(257, 100))
+    fb = make_batch(live, 100, 257, seed=live, max_len=100)
+    fb.seq_lens_cpu = torch.cat([fb.seq_lens_cpu, torch.tensor([500], dtype=torch.int32)])
+    be.init_forward_metadata(fb)  # the 500 is past the live rows
+    fb.seq_lens_cpu[live - 1] = 101
+    with pytest.raises(BatchError, match=rf"seq_lens_cpu\[{live - 1}\] = 101: a sequence of 101 tokens exceeds 100"):
+        be.init_forward_metadata(fb)

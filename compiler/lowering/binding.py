@@ -1,0 +1,163 @@
+"""The typed binding: what the runtime needs to run lowered plans, decided by the compiler.
+
+A ``Layout`` places every static buffer of a compiled backend, every mode: the mode's regions
+(pack-inputs, plan-buffers) shifted by the mode's base, so modes never share memory. A
+``Binding`` describes one plan (mode, bs): every placeholder of its lowered modules with its
+kind and region, the staging slots with their fills and bounds, and the per-step copies. The
+runtime allocates the spaces once, takes views, and binds by kind; it reads no IR.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import attrs
+import sympy
+import torch
+
+from ..ir.graph import Kind
+from ..ir.types import SYMBOLS
+from ..modes import ForwardMode
+
+
+class Space(enum.Enum):
+    staging_host = "staging_host"  # packed per-step inputs, pinned on a GPU
+    staging_dev = "staging_dev"  # its device twin, one copy per step
+    arena = "arena"  # static device buffers: fields, intermediates, crossings, constants
+    host = "host"  # static host buffers out_graph writes in place
+    local_dev = "local_dev"  # owned by one plan, allocated when it is bound: constants that differ per size
+    local_host = "local_host"  # the same, on the host
+
+    @property
+    def on_host(self) -> bool:
+        return self in (Space.staging_host, Space.host, Space.local_host)
+
+
+@attrs.frozen
+class Region:
+    """A typed view of ``space``: ``shape`` elements of ``dtype`` from byte ``offset``."""
+
+    space: Space
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+class ArgKind(enum.Enum):
+    batch = "batch"  # a staged batch input: a view of the staging buffer
+    pool = "pool"  # an engine tensor bound at instantiate (req_to_token, full_to_swa)
+    field = "field"  # a metadata field's static buffer, written in place
+    scratch = "scratch"  # a static buffer a fused kernel stores an intermediate into
+    const = "const"  # a constant, evaluated when the plan (or the mode) is bound
+    crossing = "crossing"  # an out_graph device value the graph reads: copied into a static buffer
+    host = "host"  # a static host buffer an out_graph host value is written into
+    view = "view"  # rows [start, stop) of another argument (a TBO child's batch rows)
+    device = "device"  # the torch device
+    planners = "planners"  # the host planners (name -> callable)
+
+
+@attrs.frozen
+class Arg:
+    """One placeholder of a lowered module, in placeholder order."""
+
+    name: str  # the IR value, field or pool it stands for
+    kind: ArgKind
+    region: Region | None = None
+    of: str | None = None  # view: the argument it slices
+    start: int = 0
+    stop: int = 0
+
+
+@attrs.frozen
+class Slot:
+    """One ForwardBatch field staged per step: live rows, then the fill, then checked."""
+
+    source: str  # the ForwardBatch field read (a host mirror where the spec declares one)
+    device_field: str | None  # the device field the mirror mirrors: read only if it is a CPU tensor
+    host: Region  # in staging_host, at this plan's size
+    dev: Region | None  # in staging_dev: None when only host ops read it
+    per_row: int  # values per request
+    capacity: int  # values the slot holds at max_bs
+    fill: int
+    kind: Kind
+    lo: int
+    hi: sympy.Expr  # may name R (pool rows) and N (KV slots): bound at instantiate
+    why: str  # where hi comes from, for the error
+
+    def bounds(self, env: dict[str, int]) -> tuple[int, int]:
+        """(lo, hi) with the pool sizes bound; an unbound N (no slot table) leaves the dtype's max."""
+        hi = sympy.sympify(self.hi.xreplace({SYMBOLS[k]: v for k, v in env.items() if k in SYMBOLS}))
+        cap = torch.iinfo(self.host.dtype).max
+        return self.lo, min(int(hi), cap) if hi.is_Integer else cap
+
+
+@attrs.frozen
+class Binding:
+    mode: ForwardMode
+    bs: int
+    graph: str  # the specialized graph's name, for messages
+    slots: tuple[Slot, ...]
+    copies: tuple[tuple[Region, Region], ...]  # (device, host) byte ranges copied host->device per step
+    out_args: tuple[Arg, ...]
+    in_args: tuple[Arg, ...]
+    const_args: tuple[Arg, ...]  # the plan's own constants' module (run once, at bind)
+    crossing: tuple[Arg, ...]  # out_graph results [:n] are copied into these
+    planned: tuple[str, ...]  # fields set from the out_graph results after the crossings (planner results)
+    fields: tuple[tuple[str, Arg], ...]  # every other field: the static argument holding it
+    local_bytes: tuple[tuple[Space, int], ...]  # this plan's own constant buffers, allocated at bind
+
+
+@attrs.frozen
+class Init:
+    """A mode's constants evaluated once at max_bs into their shared regions (the prefix of each
+    is what every smaller plan reads)."""
+
+    args: tuple[Arg, ...]
+    copies: tuple[tuple[Region, Region], ...]  # a constant bound to two fields: into the second too
+
+
+@attrs.frozen
+class PoolSpec:
+    """An engine tensor the spec reads, bound at instantiate: its extents may name R (pool rows) or
+    N (KV slots), which the bound tensor decides."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[sympy.Expr, ...]
+
+    def describe(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')}[{', '.join(map(str, self.shape))}]"
+
+
+def pool_specs(inputs, env: dict[str, int]) -> tuple[PoolSpec, ...]:
+    """The pools of every mode's graph, once each, with the compile options' symbols bound."""
+    out: dict[str, PoolSpec] = {}
+    for i in inputs:
+        t = i.type.subs(env)
+        out.setdefault(i.name, PoolSpec(i.name, t.dtype.torch, tuple(t.shape)))
+    return tuple(out.values())
+
+
+@attrs.frozen
+class Layout:
+    sizes: tuple[tuple[Space, int], ...]  # bytes of each shared space
+    bases: tuple[tuple[ForwardMode, tuple[tuple[str, int], ...]], ...]  # mode -> IR space -> base offset
+
+    def size(self, space: Space) -> int:
+        return dict(self.sizes).get(space, 0)
+
+    def base(self, mode: ForwardMode) -> dict[str, int]:
+        return dict(dict(self.bases)[mode])
+
+
+def view_shape(t, env) -> tuple[int, ...]:
+    return tuple(int(d) for d in t.subs(env).shape)

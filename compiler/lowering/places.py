@@ -1,0 +1,160 @@
+"""Where each value of a specialized plan lives: its region in the backend's spaces.
+
+The graph carries its mode's layout at max_bs (pack-inputs, plan-buffers), offsets
+relative to the mode; the backend gives each mode a base in every space. A region
+is that place, typed and shaped at the plan's batch size: a prefix of the max_bs
+region, so every size of a mode views the same memory.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..ir import Graph
+from ..ir.graph import Kind, Space, Use
+from ..ir.types import SYMBOLS
+from ..modes import ForwardMode
+from .binding import Region, Slot
+from .binding import Space as Mem
+
+ALIGN = 16
+
+
+class LoweringError(RuntimeError):
+    """A plan the lowering cannot place (a compiler bug, or a layout pass that did not run)."""
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class Places:
+    def __init__(self, g: Graph, mode: ForwardMode, base: dict[str, int], max_bs: int):
+        self.g, self.mode, self.base, self.max_bs = g, mode, base, max_bs
+        self.types = g.types()
+        self.inputs = {i.name: i for i in g.inputs}
+        self.bufs = {(b.space, b.use, b.name): b for b in g.buffers}
+        self.staged = {v: b for b in g.buffers if b.space is Space.staging for v in b.values}
+
+    def _region(self, space: Mem, ir_space: Space, offset: int, value: str) -> Region:
+        t = self.types[value]
+        return Region(space, self.base[ir_space.value] + offset, t.dtype.torch, tuple(int(d) for d in t.shape))
+
+    def _buf(self, space: Space, use: Use, name: str):
+        b = self.bufs.get((space, use, name))
+        if b is None:
+            raise LoweringError(f"{self.g.name}: no {space.value} buffer for {use.value} {name}; "
+                                "pack-inputs and plan-buffers lay out every static buffer and must run")
+        return b
+
+    def batch(self, x: str) -> Region:
+        b = self.staged.get(x)
+        if b is None:
+            raise LoweringError(f"{self.g.name}: batch input %{x} has no staging slot; pack-inputs must run")
+        host = self.inputs[x].type.placement.on_host
+        return self._region(Mem.staging_host if host else Mem.staging_dev, Space.staging, b.offset, x)
+
+    def field(self, f: str) -> Region:
+        b = self.bufs.get((Space.host, Use.field, f))
+        if b is not None:
+            return self._region(Mem.host, Space.host, b.offset, b.values[0])
+        b = self._buf(Space.arena, Use.field, f)
+        return self._region(Mem.arena, Space.arena, b.offset, b.values[0])
+
+    def value(self, v: str) -> Region:
+        b = self.bufs.get((Space.arena, Use.value, v)) or self._buf(Space.arena, Use.crossing, v)
+        return self._region(Mem.arena, Space.arena, b.offset, v)
+
+    def host(self, v: str) -> Region | None:
+        """Where an out_graph host value is written: its own buffer, or its first field's."""
+        b = self.bufs.get((Space.host, Use.host, v))
+        if b is not None:
+            return self._region(Mem.host, Space.host, b.offset, v)
+        fields = [f for f in self.fields_of(v) if (Space.host, Use.field, f) in self.bufs]
+        return self.field(fields[0]) if fields else None
+
+    def fields_of(self, v: str) -> list[str]:
+        """The fields bound to value ``v`` that have a buffer, in output order."""
+        return [o.field for o in self.g.outputs if o.value == v and ((Space.arena, Use.field, o.field) in self.bufs
+                                                                    or (Space.host, Use.field, o.field) in self.bufs)]
+
+    def const(self, c: str) -> Region:
+        """A constant every size shares: in its (first) field's buffer, else its own."""
+        fields = self.fields_of(c)
+        if self.types[c].placement.on_host and not fields:
+            r = self.host(c)
+            if r is None:
+                raise LoweringError(f"{self.g.name}: host constant %{c} has no host buffer")
+            return r
+        return self.field(fields[0]) if fields else self.value(c)
+
+    def locals(self, names) -> dict[str, Region]:
+        """This plan's own constants (values that differ per size): buffers of their own."""
+        out, end = {}, {Mem.local_dev: 0, Mem.local_host: 0}
+        for c in names:
+            t = self.types[c]
+            space = Mem.local_host if t.placement.on_host else Mem.local_dev
+            r = Region(space, end[space], t.dtype.torch, tuple(int(d) for d in t.shape))
+            out[c] = r
+            end[space] += _aligned(r.nbytes)
+        return out
+
+    @staticmethod
+    def local_bytes(regions: dict[str, Region]) -> tuple[tuple[Mem, int], ...]:
+        end: dict[Mem, int] = {}
+        for r in regions.values():
+            end[r.space] = max(end.get(r.space, 0), r.offset + _aligned(r.nbytes))
+        return tuple(sorted(end.items(), key=lambda kv: kv[0].value))
+
+    # --- staging ---
+    def slots(self) -> tuple[Slot, ...]:
+        out = []
+        for b in (b for b in self.g.buffers if b.space is Space.staging):
+            ins = [self.inputs[v] for v in b.values]
+            dev = next((i for i in ins if not i.type.placement.on_host), None)
+            first = ins[0]
+            per_row = b.nbytes // max(1, self.max_bs * first.type.dtype.torch.itemsize)
+            n = per_row * self.g.env["bs"]
+            base = self.base[Space.staging.value] + b.offset
+            host = Region(Mem.staging_host, base, first.type.dtype.torch, (n,))
+            kind = next((i.kind for i in ins if i.kind is not Kind.value), Kind.value)
+            declared = next((i.hi for i in ins if i.hi is not None), None)
+            lo, hi, why = self._bounds(kind, declared, first)
+            out.append(Slot(b.name, dev.name if dev is not None and dev.name != b.name else None, host,
+                            None if dev is None else Region(Mem.staging_dev, base, host.dtype, (n,)),
+                            per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why))
+        return tuple(out)
+
+    def _bounds(self, kind: Kind, declared, i) -> tuple[int, sympy.Expr, str]:
+        env = {SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}
+        info = torch.iinfo(i.type.dtype.torch)
+        if kind is Kind.length:
+            hi = declared if declared is not None else SYMBOLS["L"]
+            L, room = self.g.env["L"], sympy.expand(SYMBOLS["L"] - hi)
+            if room == 0:
+                why = f"max_context_len={L}"
+            elif room.is_Integer and room > 0:
+                why = f"max_context_len={L} less the {room} slots {self.mode.name.lower()} reads past each sequence"
+            elif hi == SYMBOLS["D"]:
+                why = f"num_draft_tokens={self.g.env['D']}"
+            else:
+                why = str(hi)
+            return 0, sympy.sympify(hi.xreplace(env)), why
+        if kind is Kind.row:
+            return 1, SYMBOLS["R"] - 1, "the rows of req_to_token (row 0 is reserved for padding)"
+        if kind is Kind.slot:
+            return 0, SYMBOLS["N"] - 1, "the KV slots of the pool"
+        return info.min, sympy.Integer(info.max), f"the range of {i.type.dtype.value}"
+
+    def copies(self) -> tuple[tuple[Region, Region], ...]:
+        """The mode's staging bytes at this size: one packed host->device copy per step."""
+        staged = [b for b in self.g.buffers if b.space is Space.staging]
+        if not any(not self.inputs[v].type.placement.on_host for b in staged for v in b.values):
+            return ()
+        bs = self.g.env["bs"]
+        span = max(b.offset + b.nbytes // max(1, self.max_bs) * bs for b in staged)
+        base = self.base[Space.staging.value]
+        return ((Region(Mem.staging_dev, base, torch.uint8, (span,)), Region(Mem.staging_host, base, torch.uint8,
+                                                                              (span,))),)
+

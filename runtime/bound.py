@@ -1,0 +1,89 @@
+"""A plan bound to a backend's buffers: argument lists by kind, the stager, the field namespace.
+
+Binding happens once per (mode, bs): every argument of the plan's modules becomes a view of the
+backend's static memory (or a pool, the device, the planners), the plan's own constants are
+evaluated, and ``meta`` (what ``forward_metadata`` is) holds views of the field buffers. A step
+then only stages, runs out_graph, and (captured or not) runs in_graph on the same tensors.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import attrs
+import torch
+
+from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Space
+from attnmeta.compiler.lowering.fx import LoweredPlan
+
+from .buffers import Buffers, allocate, view
+from .staging import Stager, _Staged
+
+
+@attrs.define
+class Capture:
+    """What a captured graph holds on to: the pools' storage and the planners' results."""
+
+    pools: list[tuple[str, torch.Tensor, int]]  # (name, tensor, data_ptr) the graph reads
+    planned: list  # planner results at capture: replays must get the same objects
+    in_ptrs: list[int]
+    checked: bool = False
+
+
+@attrs.define
+class BoundPlan:
+    plan: LoweredPlan
+    binding: Binding
+    stager: Stager
+    out_fn: object  # the out_graph module's forward (no nn.Module call overhead)
+    out_args: list
+    in_fn: object
+    in_args: list
+    crossing: list[torch.Tensor]
+    meta: SimpleNamespace
+    capture: Capture | None = None
+
+    @property
+    def mode(self):
+        return self.binding.mode
+
+    @property
+    def bs(self) -> int:
+        return self.binding.bs
+
+
+def bind(plan: LoweredPlan, buffers: Buffers, pools: dict, planners: dict, device: torch.device, env: dict,
+         event: list, dirty: dict) -> BoundPlan:
+    """Views for every argument of ``plan``; runs the plan's own constants once."""
+    b = plan.binding
+    local = allocate(dict(b.local_bytes), device)
+
+    def value(a: Arg):
+        k = a.kind
+        if k is ArgKind.pool:
+            return pools[a.name]
+        if k is ArgKind.device:
+            return device
+        if k is ArgKind.planners:
+            return planners
+        if k is ArgKind.view:
+            src = pools[a.of] if a.of is not None else buffers.view(a.region)
+            return src[a.start : a.stop]
+        own = a.region.space in (Space.local_dev, Space.local_host)
+        return view(local, a.region) if own else buffers.view(a.region)
+
+    const_args = [value(a) for a in b.const_args]
+    if const_args:
+        plan.const_gm.forward(*const_args)
+    slots = []
+    for s in b.slots:
+        key = (s.host.space, s.host.offset)
+        cap = dirty.setdefault(key, [s.capacity])  # untouched staging holds zeros, not the fill: pad it all once
+        slots.append(_Staged(s, buffers.view(s.host), None if s.dev is None else buffers.view(s.dev), env, cap))
+    copies = [(buffers.view(d), buffers.view(h)) for d, h in b.copies]
+    meta = SimpleNamespace(**{f: value(a) for f, a in b.fields})
+    for f in b.planned:
+        setattr(meta, f, None)  # set by the planner before every step
+    return BoundPlan(plan, b, Stager(slots, copies, event, device), plan.out_gm.forward,
+                     [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
+                     [value(a) for a in b.crossing], meta)
