@@ -1,0 +1,50 @@
+"""The engine's configuration as the test configuration: each backend compiled with every mode it
+serves in one backend, graphs captured per (mode, size), and random interleavings of DECODE,
+IDLE, TARGET_VERIFY, DRAFT_EXTEND (and eager EXTEND) at padded, exact and uncaptured sizes; every
+step equal to the reference interpreter and the eager twin (tests/engine.py). The slow tier runs
+2000 steps per backend."""
+
+import pytest
+
+from tests.engine import BACKENDS, build, interleave
+
+VARIANTS = [
+    ("flashattention", {"P": 16}),
+    ("flashattention", {"P": 64, "L": 256}),
+    ("flashattention_draft", {"P": 16}),
+    ("multistep_flashinfer", {"K": 2}),
+    ("multistep_triton", {"K": 3, "P": 16, "L": 160}),
+    ("tbo_triton", {"sizes": (1, 2, 5), "max_bs": 7}),
+    ("flashinfer", {"L": 4096, "max_bs": 4, "sizes": (1, 2)}),  # long context (bug class 22)
+]
+
+
+def _ok(name, kw, steps, seed):
+    eng = build(name, **kw)
+    failures = interleave(eng, steps, seed)
+    assert failures == [], f"{name} {kw}: {len(failures)} failing steps, first {failures[:3]}"
+    assert eng.stats.get("replay", 0) and eng.stats.get("eager", 0)  # both paths ran
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_interleaved_modes(name):
+    _ok(name, {}, 60, seed=7)
+
+
+@pytest.mark.parametrize(("name", "kw"), VARIANTS, ids=[f"{n}-{'-'.join(f'{k}{v}' for k, v in kw.items())}"
+                                                        for n, kw in VARIANTS])
+def test_interleaved_modes_variants(name, kw):
+    _ok(name, kw, 40, seed=11)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BACKENDS)
+def test_interleaved_modes_long_run(name):
+    _ok(name, {}, 2000, seed=2026)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "kw"), VARIANTS, ids=[f"{n}-{'-'.join(f'{k}{v}' for k, v in kw.items())}"
+                                                        for n, kw in VARIANTS])
+def test_interleaved_modes_long_run_variants(name, kw):
+    _ok(name, kw, 2000, seed=2027)
