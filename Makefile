@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 TRITON ?= triton==3.6.0
 
-.PHONY: setup demo test lint gpu-test clean
+.PHONY: setup demo test test-slow lint clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -14,7 +14,7 @@ sparse top-k 512. Decode has one query token per request; TARGET_VERIFY
 expands to D tokens per request (causal lengths seq + 1 + j, pool rows
 repeated) and runs the same upgrade per token, with a per-token
 ``out_cache_loc``. DRAFT_EXTEND is SWA-only (no compression) over T slots
-per request, the accepted tokens first, with a one-page-wide page table.
+per request, the accepted tokens first.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PAGES = f"ceiling(L/{PAGE})"
 
 def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: str, compress: bool = True) -> dict:
     """raw -> full for ``rows`` query tokens: causal length, pool row and KV slot of each token.
-    Without ``compress`` (draft extend) only the SWA fields and a one-page-wide page table."""
+    Without ``compress`` (draft extend) only the SWA fields and the page table."""
     full = {}
     pos = b.ewise("max", b.ewise("sub", seq, 1), 0)
     full["positions"] = b.cast(pos, I64)
@@ -40,7 +40,7 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     swa = b.lookup(full_to_swa, b.ewise("max", tok, 0))
     full["swa_page_indices"] = b.where(b.compare("ge", tok, 0), swa, -1)
     full["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc)
-    full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES if compress else 1)
+    full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES)
     if not compress:
         return full
     for r in (4, 128):

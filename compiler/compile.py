@@ -91,7 +91,7 @@ class CompiledBackend:
 
 def _compile_bs(g: Graph, options: CompileOptions, mode: ForwardMode, bs: int,
                 instruments: Sequence[Instrument], layout: Layout) -> LoweredPlan:
-    ctx = PassContext(options, mode, bs)
+    ctx = PassContext(options, mode, bs, g)
     plan = lower(run_passes(g, PER_BS_PASSES, ctx, instruments), mode, g.stable_constants(), layout.base(mode),
                  options.max_bs)
     for i in instruments:
@@ -139,7 +139,9 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     layout = link(generic)
     inits = {}
     for mode, g in generic.items():
-        for bs in sorted(options.sizes, reverse=True):
+        # max_bs too, captured or not: the largest batch is where capacities and int32 sums overflow, so
+        # check-split sees it ahead of serving, and an eager batch of max_bs finds its plan ready
+        for bs in sorted({*options.sizes, options.max_bs}, reverse=True):
             plans[(mode, bs)] = _compile_bs(g, options, mode, bs, inst, layout)
         at_max = run_passes(g, ("specialize-batch",), PassContext(options, mode, options.max_bs))
         inits[mode] = lower_init(at_max, mode, g.stable_constants(), layout.base(mode))

@@ -57,44 +57,44 @@ class _Staged:
         self.full_range = self.lo <= info.min and self.hi >= info.max  # nothing to check
         self.dirty = dirty  # [n]: entries at n and beyond hold the fill (shared by the mode's sizes)
 
-    def write(self, src: torch.Tensor, live: int, capture: bool) -> None:
+    def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
             ctypes.memmove(self.ptr, src.data_ptr(), live * self.itemsize)
             if not self.full_range:
-                self._check_staged(live, capture)
+                self._check_staged(live, capture, name)
             return
         if src.dtype not in _INTS:
             why = "a float is truncated, and NaN has no value" if src.is_floating_point() else "convert it"
-            raise BatchError(f"{self.source} must hold integers (torch.int32 or torch.int64), got {src.dtype}: {why}")
+            raise BatchError(f"{name} must hold integers (torch.int32 or torch.int64), got {src.dtype}: {why}")
         a = src.numpy().reshape(-1)[:live]  # another integer dtype: check in its own range, then narrow
-        self._check(a, capture)
+        self._check(a, capture, name)
         self.np[:live] = a
 
-    def _check_staged(self, live: int, capture: bool) -> None:
+    def _check_staged(self, live: int, capture: bool, name: str) -> None:
         lo = 0 if capture and self.slot.kind is Kind.row else self.lo
         if lo == 0 and self.hi >= 0:  # negatives read as huge unsigned values: one max checks both ends
             top = max(self.umv[:live]) if live <= 48 else int(self.np[:live].view(self.umv.format).max())
             if top > self.hi:
-                self._check(self.np[:live], capture)
+                self._check(self.np[:live], capture, name)
             return
         if live <= 48:
             ok = min(self.mv[:live]) >= lo and max(self.mv[:live]) <= self.hi
         else:
             ok = int(self.np[:live].min()) >= lo and int(self.np[:live].max()) <= self.hi
         if not ok:
-            self._check(self.np[:live], capture)
+            self._check(self.np[:live], capture, name)
 
-    def _check(self, a: np.ndarray, capture: bool) -> None:
+    def _check(self, a: np.ndarray, capture: bool, name: str) -> None:
         lo = 0 if capture and self.slot.kind is Kind.row else self.lo
         bad = np.nonzero((a < lo) | (a > self.hi))[0]
         if bad.size:
-            raise BatchError(self._message(int(bad[0]), int(a[bad[0]]), lo))
+            raise BatchError(self._message(name, int(bad[0]), int(a[bad[0]]), lo))
 
-    def _message(self, row: int, v: int, lo: int) -> str:
-        s, field = self.slot, f"{self.source}[{row}] = {v}"
+    def _message(self, name: str, row: int, v: int, lo: int) -> str:
+        s, field = self.slot, f"{name}[{row}] = {v}"
         if s.kind is Kind.length and v > self.hi:
             return (f"{field}: a sequence of {v} tokens exceeds {self.hi}, the longest this backend serves "
-                    f"({s.why}); recompile with a larger --max-context-len, or shorten the request")
+                    f"({s.why}); {s.fix}")
         if s.kind is Kind.length:
             return f"{field}: a length cannot be negative (allowed {lo}..{self.hi}, {s.why})"
         if s.kind is Kind.row:
@@ -125,7 +125,7 @@ class Stager:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
         late = []
         for s in self.slots:
-            src = self._source(fb, s, raw)
+            name, src = self._source(fb, s, raw)
             live, total = raw * s.per_row, bs * s.per_row
             if src is None:
                 s.pad(0, total)
@@ -133,17 +133,17 @@ class Stager:
             if not isinstance(src, torch.Tensor):  # an engine's host list (extend_seq_lens_cpu): the slow path
                 src = torch.as_tensor(src)
             if src.shape[0] < live if src.dim() else True:
-                raise BatchError(f"{s.source} has {src.shape[0] if src.dim() else 'no'} values for a batch of {raw}"
+                raise BatchError(f"{name} has {src.shape[0] if src.dim() else 'no'} values for a batch of {raw}"
                                  f"{f' x {s.per_row}' if s.per_row > 1 else ''} rows")
             if src.is_cpu:
                 if live:
-                    s.write(src, live, capture)
+                    s.write(src, live, capture, name)
             elif s.dev is None:
-                raise BatchError(f"{s.source} must be a host tensor: the spec reads it on the host")
+                raise BatchError(f"{name} must be a host tensor: the spec reads it on the host")
             elif src.device != self.device:
-                raise BatchError(f"{s.source} is on {src.device}, this backend on {self.device}")
+                raise BatchError(f"{name} is on {src.device}, this backend on {self.device}")
             elif src.dtype is not s.dtype:
-                raise BatchError(f"{s.source} must be {s.dtype} (the device copy is not converted), got {src.dtype}")
+                raise BatchError(f"{name} must be {s.dtype} (the device copy is not converted), got {src.dtype}")
             else:
                 late.append((s, src, live))  # device-only field: D2D after the packed copy, never a D2H sync
             s.pad(live, total)
@@ -158,13 +158,14 @@ class Stager:
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):
+        """(field name, values) staged for ``s``: its source, or a device field that is a host tensor."""
         src = getattr(fb, s.source, None)
         if src is not None:
-            return src
+            return s.source, src
         if s.device_field is not None:
             d = getattr(fb, s.device_field, None)
             if isinstance(d, torch.Tensor) and d.is_cpu:
-                return d  # the device field is itself a host tensor (a CPU serving loop)
+                return s.device_field, d  # the device field is itself a host tensor (a CPU serving loop)
             if d is not None:
                 raise BatchError(f"the batch has {s.device_field} on {d.device} but no {s.source}: {s.device_field} "
                                  f"is staged and checked from its host mirror {s.source} (reading the device copy "
@@ -172,4 +173,4 @@ class Stager:
         if raw:
             raise BatchError(f"the batch has no {s.device_field or s.source}"
                              f"{f' (nor {s.source})' if s.device_field else ''}, which the spec reads")
-        return None
+        return s.source, None

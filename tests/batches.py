@@ -20,8 +20,8 @@ def make_batch(bs: int, L: int, rows: int, seed: int, device="cpu", mode=Forward
     g = torch.Generator().manual_seed(seed)
     seq = torch.randint(1, (max_len or L) + 1, (bs,), generator=g, dtype=torch.int32)
     rpi = torch.randperm(rows - 1, generator=g)[:bs].to(torch.int64) + 1
-    return ForwardBatch(mode, bs, req_pool_indices=rpi.to(device), seq_lens=seq.to(device), seq_lens_cpu=seq,
-                        seq_lens_sum=int(seq.sum()))
+    return ForwardBatch(mode, bs, req_pool_indices=rpi.to(device), req_pool_indices_cpu=rpi, seq_lens=seq.to(device),
+                        seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
 
 
 def interp_inputs(fb: ForwardBatch, bs: int, req_to_token: torch.Tensor, fills: dict[str, int]) -> dict:

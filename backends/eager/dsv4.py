@@ -29,9 +29,9 @@ class EagerDSV4Decode:
             rpi = rpi.repeat_interleave(self.D)
         loc = fb.out_cache_loc[: seq.shape[0]] if fb.out_cache_loc is not None else torch.zeros_like(seq)
         m = self.upgrade(seq, rpi, loc)
-        if fb.forward_mode.is_draft_extend():  # SWA only, one page wide
-            keep = ("positions", "swa_topk_lengths", "swa_page_indices", "swa_out_cache_loc")
-            return SimpleNamespace(**{k: getattr(m, k) for k in keep}, page_table=m.page_table[:, :1])
+        if fb.forward_mode.is_draft_extend():  # SWA only, no compression
+            keep = ("positions", "swa_topk_lengths", "swa_page_indices", "swa_out_cache_loc", "page_table")
+            return SimpleNamespace(**{k: getattr(m, k) for k in keep})
         return m
 
     def upgrade(self, seq, rpi, loc) -> SimpleNamespace:

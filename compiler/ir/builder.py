@@ -51,6 +51,7 @@ class V:
 
     name: str
     type: TensorType
+    owner: object = attrs.field(default=None, eq=False, repr=False)  # the builder that made it
 
 
 class SpecBuilder:
@@ -63,7 +64,6 @@ class SpecBuilder:
         self._movable = False
         self._n = 0
         self._names: set[str] = set()
-        self._types: dict[str, TensorType] = {}  # values of this builder: foreign handles are refused
 
     # --- regions ---
     @contextlib.contextmanager
@@ -111,8 +111,7 @@ class SpecBuilder:
             raise SpecError(f"{caller_origin()}: input {name!r} has a malformed shape {shape!r}: {e}") from None
         self._check_shape(name, t)
         self._inputs.append(Input(self._fresh(name), t, role, fill, caller_origin(), mirror, kind, hi))
-        self._types[name] = t
-        return V(name, t)
+        return V(name, t, self)
 
     @staticmethod
     def _check_shape(name: str, t: TensorType) -> None:
@@ -130,7 +129,7 @@ class SpecBuilder:
             except ValueError:
                 raise SpecError(f"{caller_origin()}: unknown op {op!r}; ops: {sorted(o.value for o in Op)}") from None
         for v in ins:
-            if not isinstance(v, V) or self._types.get(v.name) != v.type:
+            if not isinstance(v, V) or v.owner is not self:
                 what = f"%{v.name}" if isinstance(v, V) else repr(v)
                 raise SpecError(f"{caller_origin()}: {op.value} operand {what} is not a value of spec {self.name!r}; "
                                 "use values this builder returned (not another builder's, nor a Python number: "
@@ -235,13 +234,12 @@ class SpecBuilder:
         self._check_shape(name or op.value, t)
         node = Node(self._fresh(name), op, tuple(v.name for v in ins), a, t, self._region, self._movable, origin)
         self._nodes.append(node)
-        self._types[node.name] = t
-        return V(node.name, t)
+        return V(node.name, t, self)
 
     def outputs(self, ragged: dict[str, str] | None = None, **fields: V) -> None:
         """Bind metadata fields; ``ragged`` maps a field to the indptr field bounding it."""
         for f, v in fields.items():
-            if not isinstance(v, V) or self._types.get(v.name) != v.type:
+            if not isinstance(v, V) or v.owner is not self:
                 raise SpecError(f"{caller_origin()}: field {f} is bound to {v!r}, not a value of spec {self.name!r}")
             self._outputs.append(Output(f, v.name, (ragged or {}).get(f)))
 

@@ -161,14 +161,24 @@ def gather_columns(n: int, split: int | None = None, shift: int = 0) -> torch.Te
     return j if split is None else j + (j >= split).long() * shift
 
 
+def safe_row(r: int, n: int) -> int:
+    """A row (or slot) index as every kernel guards it on device: one outside [0, n) reads entry 0,
+    the reserved row or slot that padded rows use. No index can reach outside its table."""
+    return r if 0 <= r < n else 0
+
+
 def _ref_ragged_gather(ins, a):
     table, rows, lens, indptr, *jump = ins
-    out = torch.zeros(int(a["capacity"]), dtype=table.dtype)
+    cap = int(a["capacity"])
+    out = torch.zeros(cap, dtype=table.dtype)
     for i in range(rows.shape[0]):
-        n, s = int(lens[i]), int(indptr[i])
+        n, s, r = max(int(lens[i]), 0), int(indptr[i]), safe_row(int(rows[i]), table.shape[0])
         cols = gather_columns(n, *(int(x[i]) for x in jump))
-        keep = cols < table.shape[1]  # never past the row, like the kernels' device guard
-        out[s : s + n][keep] = table[int(rows[i]), cols[keep]]
+        at = s + torch.arange(n)
+        write = (at >= 0) & (at < cap)  # never outside the output buffer
+        read = write & (cols >= 0) & (cols < table.shape[1])  # nor past the row: entries left 0
+        out[at[write]] = 0
+        out[at[read]] = table[r, cols[read]]
     return out
 
 
@@ -215,7 +225,9 @@ OPS: dict[Op, OpInfo] = {
     Op.ewise_const: OpInfo(1, {"fn": str, "value": int}, _infer_ewise_const, _ref_ewise_const, True),
     Op.ragged_gather: OpInfo(None, {"capacity": _DIM}, _infer_ragged_gather, _ref_ragged_gather, True,
                              doc="out[indptr[i] + j] = table[rows[i], c(j)] for j < lens[i], out sized capacity; "
-                                 "c(j) = j, or with (split, shift) j + shift once j >= split[i]"),
+                                 "c(j) = j, or with (split, shift) j + shift once j >= split[i]. Guarded: a row "
+                                 "outside the table reads row 0, a column past it reads 0, nothing is written "
+                                 "outside out"),
     Op.reduce: OpInfo(1, {"fn": str}, _infer_reduce, _ref_reduce, True),
     Op.item: OpInfo(1, {}, _to(Placement.host), lambda ins, a: ins[0].clone(), False, syncs=True,
                     doc="device scalar to a host number (blocks)"),
@@ -232,9 +244,11 @@ OPS: dict[Op, OpInfo] = {
     Op.compare: OpInfo(2, {"fn": str}, ix.infer_compare, ix.ref_compare, True),
     Op.where: OpInfo(3, {}, ix.infer_where, ix.ref_where, True),
     Op.page_table: OpInfo(3, {"page_size": int, "width": _DIM}, ix.infer_page_table, ix.ref_page_table, True,
-                          doc="out[i, j] = table[rows[i], j*P] // P for pages j < ceil(lens[i]/P), else 0"),
+                          doc="out[i, j] = table[rows[i], j*P] // P for pages j < ceil(lens[i]/P), else 0; a row "
+                              "outside the table reads row 0"),
     Op.repeat: OpInfo(1, {"times": _DIM}, ix.infer_repeat, ix.ref_repeat, True, doc="repeat_interleave by a constant"),
-    Op.lookup: OpInfo(2, {}, ix.infer_lookup, ix.ref_lookup, True, doc="table[idx] (e.g. full->SWA slots)"),
+    Op.lookup: OpInfo(2, {}, ix.infer_lookup, ix.ref_lookup, True,
+                      doc="table[idx] (e.g. full->SWA slots); an index outside the table reads table[0]"),
     Op.sort_rows: OpInfo(1, {}, ix.infer_rows, ix.ref_sort_rows, True),
     Op.reduce_rows: OpInfo(1, {"fn": str}, ix.infer_rows, ix.ref_reduce_rows, True),
     Op.copy: OpInfo(1, {}, lambda ins, a: ins[0], lambda ins, a: ins[0].clone(), True, doc="bind-output copy"),
@@ -242,7 +256,8 @@ OPS: dict[Op, OpInfo] = {
     Op.flatten: OpInfo(1, {}, ix.infer_flatten, lambda ins, a: ins[0].reshape(-1).clone(), True,
                        doc="[n, m] -> [n*m], row-major (per-request rows to per-token values)"),
     Op.gather_rows: OpInfo(3, {}, ix.infer_gather_rows, ix.ref_gather_rows, True,
-                           doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row"),
+                           doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row; a row "
+                               "outside the table reads row 0"),
 }
 
 

@@ -78,12 +78,19 @@ def infer_page_table(ins, a):
     return TensorType(DType.int32, (rows.shape[0], a["width"]), rows.placement)
 
 
+def safe_rows(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Row indices as kernels guard them: outside [0, n) reads row 0 (reserved)."""
+    rows = rows.long()
+    return torch.where((rows >= 0) & (rows < n), rows, 0)
+
+
 def ref_page_table(ins, a):
     table, rows, lens = ins
     P, W = int(a["page_size"]), int(a["width"])
     out = torch.zeros(rows.shape[0], W, dtype=torch.int32)
+    rows = safe_rows(rows, table.shape[0])
     for i in range(rows.shape[0]):
-        n = min(-(-int(lens[i]) // P), W, -(-table.shape[1] // P))
+        n = max(min(-(-int(lens[i]) // P), W, -(-table.shape[1] // P)), 0)
         out[i, :n] = (table[int(rows[i]), 0 : n * P : P] // P).to(torch.int32)
     return out
 
@@ -107,7 +114,7 @@ def infer_lookup(ins, a):
 
 
 def ref_lookup(ins, a):
-    return ins[0][ins[1].long()]
+    return ins[0][safe_rows(ins[1], ins[0].shape[0])]
 
 
 def infer_rows(ins, a):
@@ -163,7 +170,7 @@ def infer_gather_rows(ins, a):
 def ref_gather_rows(ins, a):
     table, rows, cols = ins
     ok = (cols >= 0) & (cols < table.shape[1])
-    got = table[rows.long()[:, None], cols.clamp(0, table.shape[1] - 1).long()]
+    got = table[safe_rows(rows, table.shape[0])[:, None], cols.clamp(0, table.shape[1] - 1).long()]
     return torch.where(ok, got, torch.full_like(got, -1))
 
 

@@ -5,7 +5,6 @@ where the text stops making sense, and what was expected there."""
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 
@@ -139,7 +138,11 @@ def _attr(c: _Cursor, op: Op, key: str, at: int):
     if ty is None:
         c.fail(f"{op.value} has no attribute {key!r}; it takes {sorted(OPS[op].attrs)}", at)
     if ty is bool:
-        return c.enum(_Bool, "true or false") is _Bool.true
+        at = (c.ws(), c.i)[1]
+        word = c.match(re.compile(r"\w+"), "true or false")
+        if word not in ("true", "false"):
+            c.fail(f"{op.value} attribute {key} must be true or false, got {word!r}", at)
+        return word == "true"
     if ty is int:
         return c.int()
     if ty is str:
@@ -157,11 +160,6 @@ def _attr(c: _Cursor, op: Op, key: str, at: int):
             c.fail("expected a JSON list of dims", start)
     start = (c.ws(), c.i)[1]
     return c.dim(c.string(), start)
-
-
-class _Bool(enum.Enum):
-    true = "true"
-    false = "false"
 
 
 def _input(c: _Cursor) -> Input:
@@ -298,5 +296,6 @@ def parse(text: str) -> Graph:
             raise ParseError(lineno, line, str(e)) from e
     if closed is None:
         last, text_last = lines[-1]
-        raise ParseError(last, text_last, f"graph {name!r} is not closed: expected '}}' after this line")
+        raise ParseError(last, text_last, f"graph {name!r} is not closed: expected '}}' after this line",
+                         len(text_last))
     return Graph(name, tuple(inputs), tuple(nodes), tuple(outputs), symbols, tuple(buffers))

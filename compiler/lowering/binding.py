@@ -92,6 +92,7 @@ class Slot:
     lo: int
     hi: sympy.Expr  # may name R (pool rows) and N (KV slots): bound at instantiate
     why: str  # where hi comes from, for the error
+    fix: str = ""  # what to change when a value is past hi
 
     def bounds(self, env: dict[str, int]) -> tuple[int, int]:
         """(lo, hi) with the pool sizes bound; an unbound N (no slot table) leaves the dtype's max."""

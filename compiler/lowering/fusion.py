@@ -34,7 +34,7 @@ class FusedKernel:
     source: str
     fn_name: str
     args: tuple[str, ...]  # values read through pointers, in signature order
-    tables: tuple[str, ...]  # 2-D args that also pass (row stride, width)
+    tables: tuple[str, ...]  # args that also pass (row stride, width, rows): 2-D tables, 1-D lookup tables
     row_arg: str  # an argument read per row: its length is the launch's row count
     outs: tuple[str, ...]  # values the kernel stores
     meta: tuple[tuple[str, int], ...]  # constexpr block sizes (BLOCK added at launch)
@@ -136,10 +136,12 @@ class _Emitter:
             return self.emit(f"{f}_{self.nm(x)}", f"tl.where({val(ins[0])}, {val(ins[1])}, {val(ins[2])})")
         if n.op is Op.copy:
             return val(ins[0])
-        if n.op is Op.lookup:
-            p, idx, w = self.arg(ins[0]), val(ins[1]), self._width(x)
+        if n.op is Op.lookup:  # an index outside the table reads entry 0 (the reserved slot)
+            p, _, n_tab = self._table(ins[0])
+            idx, w = val(ins[1]), self._width(x)
+            safe = self.emit(f"ix_{self.nm(x)}", f"tl.where(({idx} >= 0) & ({idx} < {n_tab}), {idx}, 0)")
             mask = ", mask=m, other=0" if f != "s" else "" if w is None else f", mask={self.columns(w)[1]}, other=0"
-            return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {idx}{mask})")
+            return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {safe}{mask})")
         if n.op is Op.outer:  # this row's scalar against the whole column operand
             a, b = val(ins[0]), self.column(ins[1], self._width(x))
             fn = n.a["fn"]
@@ -147,7 +149,7 @@ class _Emitter:
             return self.emit(f"{f}_{self.nm(x)}", expr)
         if n.op is Op.gather_rows:  # table[rows[i], cols[i, :]], -1 outside the row
             tp, stride, width = self._table(ins[0])
-            row, cols, cm = f"{val(ins[1])}.to(tl.int64)", val(ins[2]), self.columns(self._width(x))[1]
+            row, cols, cm = self._row(ins[0], val(ins[1])), val(ins[2]), self.columns(self._width(x))[1]
             ok = self.emit(f"ok_{self.nm(x)}", f"({cols} >= 0) & ({cols} < {width})")
             got = self.emit(f"g_{self.nm(x)}", f"tl.load({tp} + {row} * {stride} + {cols}, mask={ok} & {cm}, other=0)")
             return self.emit(f"{f}_{self.nm(x)}", f"tl.where({ok}, {got}, -1)")
@@ -194,10 +196,18 @@ class _Emitter:
             self.lines.append(f"    tl.store({p} + i, {self.scalar(x)})")
 
     def _table(self, x: str) -> tuple[str, str, str]:
+        """A table's pointer, row stride and width (a 1-D table: its length as the width)."""
         p = self.arg(x)
         if x not in self.tables:
             self.tables.append(x)
+        if len(self.types[x].shape) == 1:
+            return p, "1", f"width_{self.nm(x)}"
         return p, f"stride_{self.nm(x)}", f"width_{self.nm(x)}"
+
+    def _row(self, table: str, row: str) -> str:
+        """A row index guarded on device: one outside the table reads row 0 (reserved, like padding)."""
+        r = self.emit(f"rw_{len(self.lines)}", f"{row}.to(tl.int64)")
+        return self.emit(f"rg_{len(self.lines)}", f"tl.where(({r} >= 0) & ({r} < nrows_{self.nm(table)}), {r}, 0)")
 
     def _gather(self, n, p: str) -> None:
         table, rows, lens, indptr, *jump = n.inputs
@@ -212,15 +222,17 @@ class _Emitter:
             split, shift = (self.scalar(v) for v in jump)
             cols = f"(o + tl.where(o >= {split}, {shift}, 0))"
         self.meta["GBLOCK"] = GATHER_BLOCK
+        cap = int(n.type.shape[0])
+        row = self._row(table, self.scalar(rows))
         self.lines += [
-            f"    row_{x} = {self.scalar(rows)}.to(tl.int64)",
             f"    n_{x} = {self.scalar(lens)}",
+            f"    at_{x} = {start}.to(tl.int64)",
             f"    for j in range(0, n_{x}, GBLOCK):",
             "        o = j + tl.arange(0, GBLOCK)",
             f"        c = {cols}",
-            f"        mk = (o < n_{x}) & (c < {width})",  # device guard: never past the row
-            f"        v = tl.load({tp} + row_{x} * {stride} + c, mask=mk)",
-            f"        tl.store({p} + {start}.to(tl.int64) + o, v, mask=mk)",
+            f"        w = (o < n_{x}) & (at_{x} + o >= 0) & (at_{x} + o < {cap})",  # never outside the output
+            f"        v = tl.load({tp} + {row} * {stride} + c, mask=w & (c >= 0) & (c < {width}), other=0)",
+            f"        tl.store({p} + at_{x} + o, v, mask=w)",
         ]
 
     def _page_table(self, n, p: str) -> None:
@@ -229,7 +241,7 @@ class _Emitter:
         P, W, x = int(n.a["page_size"]), int(n.a["width"]), n.name
         self.meta["PBLOCK"] = PAGE_BLOCK
         self.lines += [
-            f"    row_{self.nm(x)} = {self.scalar(rows)}.to(tl.int64)",
+            f"    row_{self.nm(x)} = {self._row(table, self.scalar(rows))}",
             f"    np_{self.nm(x)} = tl.minimum(tl.minimum(({self.scalar(lens)} + {P - 1}) // {P}, {W}), "
             f"({width} + {P - 1}) // {P})",
             f"    for c in range(0, {W}, PBLOCK):",
@@ -247,7 +259,8 @@ def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
     for x in outs:
         e.store(x)
     body = "\n".join(e.lines)
-    sig = ([f"p_{e.nm(a)}" for a in e.args] + [f"stride_{e.nm(t)}, width_{e.nm(t)}" for t in e.tables]
+    sig = ([f"p_{e.nm(a)}" for a in e.args] + [f"stride_{e.nm(t)}, width_{e.nm(t)}, nrows_{e.nm(t)}"
+                                                for t in e.tables]
            + [f"o_{e.nm(x)}" for x in outs])
     meta = sorted(e.meta.items())
     consts = ", ".join(["BLOCK: tl.constexpr", *(f"{k}: tl.constexpr" for k, _ in meta)])

@@ -139,13 +139,18 @@ def _launcher(g: Graph, group: list[str], outs: list[str]):
     return fk, _LAUNCHERS[key]
 
 
+def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
+    """(row stride, width, rows) of a table a fused kernel indexes; a 1-D table is one row."""
+    return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
+
+
 def _make_launcher(fn, meta, n_args, tables, row, name):
     from .launch import launch
 
     def run(*xs):
         ins, res = xs[:n_args], xs[n_args:]
         bs = ins[row].shape[0]
-        strides = [v for k in tables for v in (ins[k].stride(0), ins[k].shape[1])]
+        strides = [v for k in tables for v in _table_dims(ins[k])]
         block = 1 << (bs - 1).bit_length()
         launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta))
         return res

@@ -115,7 +115,7 @@ def k_page_table(table, rows, lens, page_size, width, out=None):
     cols = torch.arange(width, device=rows.device)
     cap = min(width, -(-table.shape[1] // page_size))
     src = (cols.clamp(max=cap - 1) * page_size)[None, :]
-    pages = torch.gather(table[rows.long()], 1, src.expand(rows.shape[0], -1)) // page_size
+    pages = torch.gather(table[ix.safe_rows(rows, table.shape[0])], 1, src.expand(rows.shape[0], -1)) // page_size
     valid = (cols[None, :] * page_size < lens[:, None]) & (cols[None, :] < cap)
     return _into(torch.where(valid, pages, 0).to(torch.int32), out)
 
@@ -125,7 +125,7 @@ def k_repeat(x, times, out=None):
 
 
 def k_lookup(table, idx, out=None):
-    return _into(table[idx.long()], out)
+    return _into(table[ix.safe_rows(idx, table.shape[0])], out)
 
 
 def k_sort_rows(x, out=None):

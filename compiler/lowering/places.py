@@ -120,32 +120,34 @@ class Places:
             host = Region(Mem.staging_host, base, first.type.dtype.torch, (n,))
             kind = next((i.kind for i in ins if i.kind is not Kind.value), Kind.value)
             declared = next((i.hi for i in ins if i.hi is not None), None)
-            lo, hi, why = self._bounds(kind, declared, first)
+            lo, hi, why, fix = self._bounds(kind, declared, first)
             out.append(Slot(b.name, dev.name if dev is not None and dev.name != b.name else None, host,
                             None if dev is None else Region(Mem.staging_dev, base, host.dtype, (n,)),
-                            per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why))
+                            per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why, fix))
         return tuple(out)
 
-    def _bounds(self, kind: Kind, declared, i) -> tuple[int, sympy.Expr, str]:
+    def _bounds(self, kind: Kind, declared, i) -> tuple[int, sympy.Expr, str, str]:
         env = {SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}
         info = torch.iinfo(i.type.dtype.torch)
         if kind is Kind.length:
             hi = declared if declared is not None else SYMBOLS["L"]
             L, room = self.g.env["L"], sympy.expand(SYMBOLS["L"] - hi)
+            fix = "recompile with a larger --max-context-len, or shorten the request"
             if room == 0:
                 why = f"max_context_len={L}"
             elif room.is_Integer and room > 0:
                 why = f"max_context_len={L} less the {room} slots {self.mode.name.lower()} reads past each sequence"
             elif hi == SYMBOLS["D"]:
                 why = f"num_draft_tokens={self.g.env['D']}"
+                fix = "a request extends by at most num_draft_tokens tokens; recompile with a larger --num-draft-tokens"
             else:
                 why = str(hi)
-            return 0, sympy.sympify(hi.xreplace(env)), why
+            return 0, sympy.sympify(hi.xreplace(env)), why, fix
         if kind is Kind.row:
-            return 1, SYMBOLS["R"] - 1, "the rows of req_to_token (row 0 is reserved for padding)"
+            return 1, SYMBOLS["R"] - 1, "the rows of req_to_token (row 0 is reserved for padding)", ""
         if kind is Kind.slot:
-            return 0, SYMBOLS["N"] - 1, "the KV slots of the pool"
-        return info.min, sympy.Integer(info.max), f"the range of {i.type.dtype.value}"
+            return 0, SYMBOLS["N"] - 1, "the KV slots of the pool", ""
+        return info.min, sympy.Integer(info.max), f"the range of {i.type.dtype.value}", ""
 
     def copies(self) -> tuple[tuple[Region, Region], ...]:
         """The mode's staging bytes at this size: one packed host->device copy per step."""

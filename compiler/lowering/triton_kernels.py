@@ -35,12 +35,15 @@ def set_cpu_kernels(impl: str) -> None:
 
 
 @triton.jit
-def _ragged_gather_kernel(table, table_stride, width, rows, lens, indptr, split, shift, out,
+def _ragged_gather_kernel(table, table_stride, width, nrows, rows, lens, indptr, split, shift, out, capacity,
                           JUMP: tl.constexpr, BLOCK: tl.constexpr):
     # One program per request row: copy table[rows[i], cols] to out[indptr[i]:], where cols run
     # 0..lens[i], or with JUMP skip shift[i] columns from entry split[i] on (a draft branch's slots).
+    # Guarded on device: a row outside the table reads row 0 (reserved), a column past the row
+    # reads 0, and nothing is written outside out, whatever the lengths and indptr hold.
     i = tl.program_id(0)
     row = tl.load(rows + i).to(tl.int64)
+    row = tl.where((row >= 0) & (row < nrows), row, 0)
     n = tl.load(lens + i)
     start = tl.load(indptr + i).to(tl.int64)
     for j in range(0, n, BLOCK):
@@ -48,9 +51,9 @@ def _ragged_gather_kernel(table, table_stride, width, rows, lens, indptr, split,
         cols = offs
         if JUMP:
             cols = offs + tl.where(offs >= tl.load(split + i), tl.load(shift + i), 0)
-        m = (offs < n) & (cols < width)  # device-side guard: never read past the row
-        v = tl.load(table + row * table_stride + cols, mask=m)
-        tl.store(out + start + offs, v, mask=m)
+        w = (offs < n) & (start + offs >= 0) & (start + offs < capacity)
+        v = tl.load(table + row * table_stride + cols, mask=w & (cols >= 0) & (cols < width), other=0)
+        tl.store(out + start + offs, v, mask=w)
 
 
 def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, indptr: torch.Tensor,
@@ -63,21 +66,27 @@ def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, i
         launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, split, shift))  # one opaque launch
         return out
     jump = split is not None
-    args = (table, table.stride(0), table.shape[1], rows, lens, indptr,
-            split if jump else lens, shift if jump else lens, out)  # unread placeholders without a jump
+    args = (table, table.stride(0), table.shape[1], table.shape[0], rows, lens, indptr,
+            split if jump else lens, shift if jump else lens, out, out.shape[0])  # unread placeholders without a jump
     launch(lambda: _ragged_gather_kernel[(n,)](*args, JUMP=jump, BLOCK=GATHER_BLOCK))
     return out
 
 
 def _ragged_gather_torch(table, rows, lens, indptr, out, split=None, shift=None):
-    """The kernel's CPU twin, row by row (its reads of lens and indptr are device-side reads)."""
-    width, bs = table.shape[1], rows.shape[0]
+    """The kernel's CPU twin, row by row (its reads of lens and indptr are device-side reads), with
+    the same guards: rows outside the table read row 0, nothing lands outside ``out``."""
+    width, bs, cap = table.shape[1], rows.shape[0], out.shape[0]
     jumps = zip(split.tolist(), shift.tolist(), strict=True) if split is not None else [(None, 0)] * bs
     for r, n, s, (sp, sh) in zip(rows.tolist(), lens.tolist()[:bs], indptr.tolist()[:bs], jumps, strict=True):
-        if sp is None:  # the plain gather: one slice copy
-            n = min(n, width)
-            out[s : s + n] = table[r, :n]
+        r, n = (r if 0 <= r < table.shape[0] else 0), max(n, 0)
+        if sp is None and 0 <= s and s + n <= cap:  # the plain gather: one slice copy (then zeros past the row)
+            k = min(n, width)
+            out[s : s + k] = table[r, :k]
+            out[s + k : s + n] = 0
             continue
         cols = gather_columns(n, sp, sh)
-        keep = cols < width
-        out[s : s + n][keep] = table[r, cols[keep]]
+        at = s + torch.arange(n)
+        write = (at >= 0) & (at < cap)
+        read = write & (cols < width)
+        out[at[write]] = 0
+        out[at[read]] = table[r, cols[read]]

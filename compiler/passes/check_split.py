@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import attrs
 
 from ..ir import OPS, Graph, Op, Region, Role
+from ..ir.analysis import index_roles, value_ranges
 from ..ir.types import concrete
 from .registry import PassContext, register_pass
 
@@ -35,7 +36,22 @@ class SplitError(ValueError):
         super().__init__(f"check-split rejected {graph!r} with {len(violations)} violation(s):\n{body}")
 
 
-Rule = Callable[[Graph], Iterator[Violation]]
+@attrs.frozen
+class Facts:
+    """What the rules know beyond the specialized graph: the values that are one host number at
+    every size (0-d, or [1] in the mode-generic graph: a [bs] tensor at bs 1 is not one)."""
+
+    scalars: frozenset[str]
+
+    @classmethod
+    def of(cls, g: Graph, generic: Graph | None = None) -> Facts:
+        src = (generic or g).types()
+        one = {x for x, t in src.items() if t.placement.on_host and t.dtype.value != "opaque" and not t.is_dynamic
+               and (t.shape == () or generic is not None and all(d == 1 for d in t.shape))}
+        return cls(frozenset(one))
+
+
+Rule = Callable[[Graph, Facts], Iterator[Violation]]
 RULES: dict[str, Rule] = {}
 
 
@@ -51,12 +67,8 @@ def rule(rule_id: str) -> Callable[[Rule], Rule]:
 _SPECIFIC = {Op.host_call: "planner-not-replayed", Op.split_at: "capture-dependent-split"}
 
 
-def _host_scalar(t) -> bool:
-    return t.placement.on_host and t.shape == () and t.dtype.value != "opaque"
-
-
 @rule("dynamic-shape-in-graph")
-def _dynamic(g: Graph) -> Iterator[Violation]:
+def _dynamic(g: Graph, f: Facts) -> Iterator[Violation]:
     for n in g.region_nodes(Region.in_graph):
         if n.type.is_dynamic and n.op not in _SPECIFIC:
             yield Violation("dynamic-shape-in-graph", n.name, n.origin,
@@ -67,10 +79,10 @@ def _dynamic(g: Graph) -> Iterator[Violation]:
 
 
 @rule("host-value-in-graph")
-def _host_value(g: Graph) -> Iterator[Violation]:
+def _host_value(g: Graph, f: Facts) -> Iterator[Violation]:
     types = g.types()
     for n in g.region_nodes(Region.in_graph):
-        host_ins = [x for x in n.inputs if types[x].placement.on_host and not _host_scalar(types[x])]
+        host_ins = [x for x in n.inputs if types[x].placement.on_host and x not in f.scalars]
         if host_ins:
             yield Violation("host-value-in-graph", n.name, n.origin,
                             f"in_graph {n.op.value} reads host value(s) "
@@ -84,7 +96,7 @@ def _host_value(g: Graph) -> Iterator[Violation]:
 
 
 @rule("unrecordable-op-in-graph")
-def _unrecordable(g: Graph) -> Iterator[Violation]:
+def _unrecordable(g: Graph, f: Facts) -> Iterator[Violation]:
     for n in g.region_nodes(Region.in_graph):
         info = OPS[n.op]
         if not info.recordable and n.op not in _SPECIFIC:
@@ -96,8 +108,11 @@ def _unrecordable(g: Graph) -> Iterator[Violation]:
 
 
 @rule("graph-to-host-edge")
-def _graph_to_host(g: Graph) -> Iterator[Violation]:
-    prod = g.producers()
+def _graph_to_host(g: Graph, f: Facts) -> Iterator[Violation]:
+    """A host step consuming device data: an in_graph result (it only exists after replay), or a
+    device value read on the host, which blocks on the device every step (a planner fed device
+    indptrs: FlashInfer's plan() copies them back)."""
+    types, prod = g.types(), g.producers()
     for n in g.region_nodes(Region.out_graph):
         from_graph = [x for x in n.inputs if x in prod and prod[x].region is Region.in_graph]
         if from_graph:
@@ -105,22 +120,67 @@ def _graph_to_host(g: Graph) -> Iterator[Violation]:
                             f"out_graph {n.op.value} consumes in_graph result(s) "
                             f"{', '.join('%' + x for x in from_graph)}, which only exist after replay",
                             "compute the value in out_graph from host mirrors, or move this step into in_graph")
+            continue
+        device_ins = [x for x in n.inputs if not types[x].placement.on_host]
+        if device_ins and (n.op is Op.host_call or n.type.placement.on_host):
+            what = f"planner {n.a['target']!r}" if n.op is Op.host_call else f"out_graph {n.op.value}"
+            yield Violation("graph-to-host-edge", n.name, n.origin,
+                            f"{what} reads device value(s) {', '.join('%' + x for x in device_ins)} on the host: a "
+                            "device->host copy that blocks every step",
+                            "compute it from host mirrors (seq_lens_cpu, req_pool_indices_cpu) in out_graph")
 
 
 @rule("missing-fill-value")
-def _missing_fill(g: Graph) -> Iterator[Violation]:
+def _missing_fill(g: Graph, f: Facts) -> Iterator[Violation]:
+    """Every padded input declares a fill that is provably safe for what its values index: the
+    reserved pool row 0 (or a negative sentinel: every row index is guarded on device), a length
+    >= 0, the reserved KV slot 0."""
+    roles = index_roles(g)
     for i in g.inputs:
-        if i.role is Role.batch and i.fill is None:
+        if i.role is not Role.batch:
+            continue
+        r, f = roles.get(i.name, set()), i.fill
+        if f is None:
             yield Violation("missing-fill-value", i.name, i.origin,
                             f"batch input {i.name} is padded to the captured batch size but declares no fill value",
                             "declare a safe fill, e.g. fill=1 for seq_lens, fill=0 for req_pool_indices "
-                            "(slot 0 is reserved and all zero)")
+                            "(row 0 is reserved and all zero)")
+        elif "row" in r and f > 0:
+            yield Violation("missing-fill-value", i.name, i.origin,
+                            f"fill={f} of {i.name} is a live pool row: padded rows would read request row {f}'s "
+                            "KV slots (and write through them)",
+                            "fill=0: row 0 of req_to_token is reserved for padding and stays all zero")
+        elif "slot" in r and f != 0:
+            yield Violation("missing-fill-value", i.name, i.origin,
+                            f"fill={f} of {i.name} is {'a live' if f > 0 else 'no'} KV slot: padded rows would "
+                            f"{'write into live KV' if f > 0 else 'write at a negative slot outside the cache'}",
+                            "fill=0: slot 0 is reserved for padding")
+        elif "length" in r and f < 0:
+            yield Violation("missing-fill-value", i.name, i.origin,
+                            f"fill={f} of {i.name} is a negative length: every later row's indptr moves back, so "
+                            "padded rows overwrite live rows' indices",
+                            "fill=1 (or 0): a padded row is a one-token (or empty) sequence")
 
 
 @rule("buffer-capacity")
-def _capacity(g: Graph) -> Iterator[Violation]:
-    types = g.types()
+def _capacity(g: Graph, f: Facts) -> Iterator[Violation]:
+    types, ranges = g.types(), value_ranges(g)
     for n in g.nodes:
+        lo, hi = ranges.get(n.name, (None, None))
+        if n.type.dtype.value == "i32" and ((hi is not None and hi > 2**31 - 1) or (lo is not None and lo < -2**31)):
+            yield Violation("buffer-capacity", n.name, n.origin,
+                            f"int32 {n.op.value} can reach {hi if hi is not None and hi > 2**31 - 1 else lo} at bs="
+                            f"{g.env.get('bs')} with max_context_len={g.env.get('L')}: past int32, it would wrap",
+                            "compute it as int64 (cast first), or lower max_bs * max_context_len")
+        if n.op is Op.page_table:
+            P, W = int(n.a["page_size"]), concrete(n.a["width"])
+            cols, top = concrete(types[n.inputs[0]].shape[1]), ranges.get(n.inputs[2], (None, None))[1]
+            need = -(-cols // P) if cols is not None else None
+            if W is not None and need is not None and W < need and (top is None or top > W * P):
+                yield Violation("buffer-capacity", n.name, n.origin,
+                                f"page table of width {W} holds {W * P} tokens per row, but a row can hold "
+                                f"{top if top is not None else cols} (L={cols}): the last pages are dropped",
+                                f"width=ceil(L/P) = {need} (W), not floor(L/P)")
         if n.op is not Op.ragged_gather:
             continue
         table, rows = types[n.inputs[0]], types[n.inputs[1]]
@@ -144,7 +204,7 @@ def _depends_on_batch(g: Graph) -> set[str]:
 
 
 @rule("unstable-buffer")
-def _unstable(g: Graph) -> Iterator[Violation]:
+def _unstable(g: Graph, f: Facts) -> Iterator[Violation]:
     users = g.users()
     fields = {o.value: o.field for o in g.outputs}
     consts = set(g.constants())
@@ -172,11 +232,11 @@ def _unstable(g: Graph) -> Iterator[Violation]:
 
 
 @rule("frozen-host-scalar")
-def _frozen_scalar(g: Graph) -> Iterator[Violation]:
-    types, dyn = g.types(), _depends_on_batch(g)
+def _frozen_scalar(g: Graph, f: Facts) -> Iterator[Violation]:
+    dyn = _depends_on_batch(g)
     fields = {o.value: o.field for o in g.outputs}
     for n in g.region_nodes(Region.in_graph):
-        scalars = [x for x in n.inputs if _host_scalar(types[x]) and x in dyn]
+        scalars = [x for x in n.inputs if x in f.scalars and x in dyn]
         if scalars:
             yield Violation("frozen-host-scalar", n.name, n.origin,
                             f"in_graph {n.op.value} takes per-step host number(s) "
@@ -184,7 +244,7 @@ def _frozen_scalar(g: Graph) -> Iterator[Violation]:
                             "use a static bound (e.g. L or max_bs*L) or a per-mode constant, or compute the number "
                             "on device")
     for value, field in fields.items():
-        if value in dyn and _host_scalar(types[value]):
+        if value in dyn and value in f.scalars:
             n = g.producers().get(value)
             yield Violation("frozen-host-scalar", value, n.origin if n else "",
                             f"metadata field {field} is a per-step host number; a captured kernel launch freezes "
@@ -193,7 +253,7 @@ def _frozen_scalar(g: Graph) -> Iterator[Violation]:
 
 
 @rule("planner-not-replayed")
-def _planner(g: Graph) -> Iterator[Violation]:
+def _planner(g: Graph, f: Facts) -> Iterator[Violation]:
     for n in g.region_nodes(Region.in_graph):
         if n.op is Op.host_call:
             yield Violation("planner-not-replayed", n.name, n.origin,
@@ -203,7 +263,7 @@ def _planner(g: Graph) -> Iterator[Violation]:
 
 
 @rule("capture-dependent-split")
-def _split(g: Graph) -> Iterator[Violation]:
+def _split(g: Graph, f: Facts) -> Iterator[Violation]:
     users = g.users()
     fields = {o.value for o in g.outputs}
     for n in g.nodes:
@@ -219,13 +279,15 @@ def _split(g: Graph) -> Iterator[Violation]:
                             "device with static extents")
 
 
-def find_violations(g: Graph) -> list[Violation]:
-    return [v for fn in RULES.values() for v in fn(g)]
+def find_violations(g: Graph, generic: Graph | None = None) -> list[Violation]:
+    facts = Facts.of(g, generic)
+    return [v for fn in RULES.values() for v in fn(g, facts)]
 
 
-def check_split_graph(g: Graph) -> Graph:
-    """Raise SplitError with every violation in ``g``; return ``g`` if clean."""
-    vs = find_violations(g)
+def check_split_graph(g: Graph, generic: Graph | None = None) -> Graph:
+    """Raise SplitError with every violation in ``g``; return ``g`` if clean. ``generic``: the
+    mode-generic graph ``g`` was specialized from, for facts no single size shows."""
+    vs = find_violations(g, generic)
     if vs:
         raise SplitError(g.name, vs)
     return g
@@ -235,4 +297,4 @@ def check_split_graph(g: Graph) -> Graph:
 def check_split(g: Graph, ctx: PassContext) -> Graph:
     """Requires a specialized graph. Guarantees no check-split rule fires
     (raises SplitError listing every violation otherwise); returns ``g``."""
-    return check_split_graph(g)
+    return check_split_graph(g, ctx.generic)

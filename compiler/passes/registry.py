@@ -16,6 +16,7 @@ class PassContext:
     options: CompileOptions
     mode: ForwardMode
     bs: int | None = None  # bound by the per-bs stage
+    generic: Graph | None = attrs.field(default=None, eq=False, repr=False)  # the graph the per-bs stage specializes
 
 
 Pass = Callable[[Graph, PassContext], Graph]

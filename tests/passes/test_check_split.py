@@ -206,3 +206,110 @@ def test_capture_dependent_split():
 
 def test_every_designed_rule_is_implemented():
     assert len(RULES) == 10
+
+
+def violations_via_generic(g, bs=4):
+    """check-split as the pipeline runs it: with the mode-generic graph for facts no size shows."""
+    with pytest.raises(SplitError) as e:
+        check_split(specialize(g, bs), g)
+    return e.value.violations
+
+
+@pytest.mark.parametrize(("name", "fill", "kind", "why"), [
+    ("req_pool_indices", 3, None, "is a live pool row"),
+    ("seq_lens", -1, None, "is a negative length"),
+    ("out_cache_loc", 5, "slot", "is a live KV slot"),
+    ("out_cache_loc", -1, "slot", "is no KV slot"),
+])
+def test_unsafe_fill_values(name, fill, kind, why):
+    """A fill that is a live row or slot, or a negative length: padded rows read or write live data."""
+    from attnmeta.compiler.ir import Kind
+
+    b = SpecBuilder("t")
+    kw = {"kind": Kind(kind)} if kind else {}
+    seq = b.input("seq_lens", I32, ["bs"], fill=fill if name == "seq_lens" else 1)
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=fill if name == "req_pool_indices" else 0)
+    loc = b.input("out_cache_loc", I64, ["bs"], fill=fill if name == "out_cache_loc" else 0, **kw)  # MARK-loc
+    r2t = b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        ind = b.cumsum(seq)
+        b.outputs(kv_indices=b.ragged_gather(r2t, rpi, seq, ind, capacity="max_bs*L"), loc=b.copy(loc))
+    (v,) = violations(b.build())
+    assert (v.rule, v.node) == ("missing-fill-value", name)
+    assert f"fill={fill} of {name} {why}" in v.message and "fill=" in v.fix
+
+
+def test_safe_fills_pass_and_a_guarded_sentinel_row_is_safe():
+    b = SpecBuilder("t")
+    seq = b.input("seq_lens", I32, ["bs"], fill=0)
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=-1)  # every row index is guarded: reads row 0
+    r2t = b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        ind = b.cumsum(seq)
+        b.outputs(kv_indices=b.ragged_gather(r2t, rpi, seq, ind, capacity="max_bs*L"))
+    check_split(specialize(b.build()))
+
+
+def test_a_one_element_host_tensor_is_a_frozen_host_number():
+    """[1] on the host is as frozen at capture as a 0-d number; a [bs] host tensor at bs 1 is not."""
+    b, seq, cpu, rpi, r2t = base()
+    with b.out_graph():
+        longest = b.slice(b.cumsum(cpu, leading_zero=False), "bs - 1", "bs")  # MARK-one
+        rows = b.cumsum(cpu)
+    b.outputs(max_seq_len_k=longest, indptr_host=rows)
+    g = b.build()
+    (v,) = violations_via_generic(g)
+    assert (v.rule, v.node, v.origin) == ("frozen-host-scalar", longest.name, line_of("MARK-one"))
+    with pytest.raises(SplitError):
+        check_split(specialize(g, 1), g)
+    b2, seq, cpu, rpi, r2t = base()
+    with b2.out_graph():
+        rows = b2.cumsum(cpu, leading_zero=False)  # [bs]: one element at bs 1, still per-row
+    b2.outputs(lens_host=rows)
+    g2 = b2.build()
+    check_split(specialize(g2, 1), g2)
+
+
+def test_a_planner_fed_device_tensors_syncs_every_step():
+    b, seq, cpu, rpi, r2t = base()
+    with b.out_graph():
+        plan = b.host_call("flashinfer.decode_plan", b.cumsum(seq))  # MARK-devplan
+    b.outputs(plan=plan)
+    vs = violations(b.build())
+    v = next(v for v in vs if v.node == plan.name)
+    assert (v.rule, v.origin) == ("graph-to-host-edge", line_of("MARK-devplan"))
+    assert "blocks every step" in v.message and "seq_lens_cpu" in v.fix
+
+
+def test_a_floor_width_page_table_drops_the_last_page():
+    from attnmeta.compiler.ir import Kind
+
+    b = SpecBuilder("t")
+    seq = b.input("seq_lens", I32, ["bs"], fill=1, kind=Kind.length)
+    rpi = b.input("req_pool_indices", I64, ["bs"], fill=0, kind=Kind.row)
+    r2t = b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        pt = b.page_table(r2t, rpi, seq, page_size=16, width="floor(L/16)")  # MARK-floor
+    b.outputs(page_table=pt)
+    g = b.build()
+    from attnmeta.compiler.passes.registry import PassContext
+    from attnmeta.compiler.passes.specialize_batch import specialize_batch
+
+    at = specialize_batch(g, PassContext(CompileOptions(max_bs=8, max_context_len=72), ForwardMode.DECODE, 4))
+    with pytest.raises(SplitError) as e:
+        check_split(at)
+    (v,) = e.value.violations
+    assert (v.rule, v.node, v.origin) == ("buffer-capacity", pt.name, line_of("MARK-floor"))
+    assert "width 4 holds 64 tokens" in v.message and "ceil(L/P) = 5" in v.fix
+    ok = specialize_batch(g, PassContext(CompileOptions(max_bs=8, max_context_len=64), ForwardMode.DECODE, 4))
+    check_split(ok)  # L a multiple of P: floor == ceil
+
+
+def test_int32_indptr_overflow_at_max_capacity():
+    """max_bs * L >= 2^31 with int32 indptrs: the prefix sum would wrap."""
+    from attnmeta.backends import get_spec
+
+    with pytest.raises(SplitError, match=r"\[buffer-capacity\] %kv_indptr .*int32 cumsum can reach 2147483648"):
+        compile_backend(get_spec("flashinfer"), CompileOptions(max_bs=2048, capture_sizes=(8,),
+                                                               max_context_len=2**20))
+    compile_backend(get_spec("flashinfer"), CompileOptions(max_bs=2047, capture_sizes=(8,), max_context_len=2**20))

@@ -62,8 +62,8 @@ def extra_pools(name):
 
 def test_missing_batch_field(backend):
     fb = make_batch(2, L, ROWS, seed=0)
-    fb.req_pool_indices = None
-    with pytest.raises(BatchError, match="the batch has no req_pool_indices"):
+    fb.req_pool_indices = fb.req_pool_indices_cpu = None
+    with pytest.raises(BatchError, match=r"the batch has no req_pool_indices \(nor req_pool_indices_cpu\)"):
         backend.init_forward_metadata(fb)
 
 
