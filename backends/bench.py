@@ -4,8 +4,9 @@
   the captured metadata graph (what a GPU allows at least);
 - compiled: the compiled backend's out_graph (staging, host ops, planner) +
   replay;
-- unpacked: the same with pack-inputs disabled (one copy per input);
-- eager: the hand-written eager twin building the same metadata.
+- eager: the hand-written eager twin building the same metadata;
+- validate: the part of ``stage`` that checks the batch at the boundary
+  (every live value against its range), timed alone.
 
 Host time is measured around each step without synchronising (the device
 work per step is tiny, so the loop is host-bound); medians are reported.
@@ -64,10 +65,9 @@ def _captured(compiled, pool, dev, bs):
     return be, g
 
 
-def _bench_bs(bs, packed, unpacked, pool, eager, dev, iters, warmup, L) -> dict:
+def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) -> dict:
     batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs)
     be, g = _captured(packed, pool, dev, bs)
-    ube, ug = _captured(unpacked, pool, dev, bs)
     b = be.bound(ForwardMode.DECODE, bs)
     nbytes = b.stager.copies[0][1].numel()
     host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
@@ -81,15 +81,17 @@ def _bench_bs(bs, packed, unpacked, pool, eager, dev, iters, warmup, L) -> dict:
         be.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
         g.replay()
 
-    def unpacked_step(i):
-        ube.init_forward_metadata_out_graph(ReplayView.of(batches[i % 8], bs))
-        ug.replay()
+    def validate(i):  # what staging spends checking the batch, on the rows it just staged
+        for s in b.stager.slots:
+            if not s.full_range:
+                s._check_staged(bs * s.per_row, False, s.source)
 
     steps = [
-        ("floor", floor), ("compiled", compiled), ("unpacked", unpacked_step),
+        ("floor", floor), ("compiled", compiled),
         ("eager", lambda i: eager.init_forward_metadata(batches[i % 8])),
         # where the compiled step's time goes, each part alone
         ("stage", lambda i: b.stager.stage(batches[i % 8], bs, bs)),
+        ("validate", validate),
         ("host_ops", lambda i: b.out_fn(*b.out_args)),
         ("replay", lambda i: g.replay()),
     ]
@@ -104,18 +106,16 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     max_bs, L = max(sizes), max_context_len
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L))
-    unpacked = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
-                                                       disabled_passes=("pack-inputs",)))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
     eager = get_eager(backend)(pool, max_bs)
-    return [_bench_bs(bs, packed, unpacked, pool, eager, dev, iters, warmup, L) for bs in sizes]
+    return [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) for bs in sizes]
 
 
 def format_table(rows: list[dict], device: str) -> str:
-    cols = ["bs", "floor_us", "compiled_us", "unpacked_us", "eager_us", "compiled/floor", "eager/compiled",
-            "stage_us", "host_ops_us", "replay_us", "staged_bytes"]
+    cols = ["bs", "floor_us", "compiled_us", "eager_us", "compiled/floor", "eager/compiled",
+            "stage_us", "validate_us", "host_ops_us", "replay_us", "staged_bytes"]
     lines = [f"host time per decode step on {device} (median µs)", "| " + " | ".join(cols) + " |",
              "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]

@@ -14,11 +14,25 @@ from . import list_backends
 USER_ERRORS = (SplitError, VerifyError, SpecError, OptionsError, KeyError, ValueError)
 
 
+def writable_dir(d: str) -> str:
+    """``d`` exists (or is made) and can be written; otherwise the error says which and why."""
+    try:
+        os.makedirs(d, exist_ok=True)
+        probe = os.path.join(d, f".attnmeta-write-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise OptionsError(f"dump directory {d!r} is not writable ({e.strerror}); pick another --dump-dir") from None
+    return d
+
+
 def cmd_compile(a) -> int:
+    dump = a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR")
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
                           modes=a.modes, capture_sizes=a.capture_sizes or (),
-                          dump_dir=a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR"),
+                          dump_dir=writable_dir(dump) if dump else None, force=a.force,
                           disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
     from attnmeta.compiler.instruments import PrintAfterAll
 
@@ -62,8 +76,18 @@ def cmd_inspect(a) -> int:
 
 
 def cmd_demo(a) -> int:
+    import torch
+
     from .demo import format_result, run_demo
 
+    if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise OptionsError(f"--device {a.device}: this machine has no CUDA device; leave --device out (CPU here)")
+    for name in ("steps", "max_bs", "num_steps", "topk"):
+        if getattr(a, name) < 1:
+            raise OptionsError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    too_big = [s for s in a.capture_sizes or () if not 1 <= s <= a.max_bs]
+    if too_big:
+        raise OptionsError(f"--capture-sizes {too_big} are outside 1..--max-bs={a.max_bs}; raise --max-bs or drop them")
     kw = {"capture_sizes": tuple(a.capture_sizes)} if a.capture_sizes else {}
     r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed, num_steps=a.num_steps,
                  topk=a.topk, **kw)
@@ -110,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--print-after-all", action="store_true", help="print the IR after every pass (stderr)")
     c.add_argument("--print-after-change", action="store_true", help="print the IR after passes that changed it")
     c.add_argument("--disable-pass", nargs="+", metavar="PASS", help="skip passes by name, to bisect")
+    c.add_argument("--force", action="store_true", help="allow --disable-pass to switch off a safety pass "
+                                                        "(verify, check-split)")
     c.add_argument("--verify-each", action="store_true", help="run the verifier after every pass")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("inspect", help="list pass dumps and what each pass changed")

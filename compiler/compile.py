@@ -124,6 +124,7 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if options.disabled_passes:
         from .instruments import DisablePasses
 
+        check_disabled(options)
         inst.append(DisablePasses(options.disabled_passes))
     dump = DumpDir(options.dump_dir, spec.name) if options.dump_dir else None
     if dump:
@@ -147,6 +148,27 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
         inits[mode] = lower_init(at_max, mode, g.stable_constants(), layout.base(mode))
     pools = pool_specs([i for g in generic.values() for i in g.inputs if i.role.value == "pool"], options.symbols())
     return CompiledBackend(spec, options, generic, plans, timing, layout, inits, pools, time.perf_counter() - t0)
+
+
+REQUIRED = ("specialize-batch", "pack-inputs", "plan-buffers")  # the runtime needs their results
+SAFETY = ("verify", "check-split")  # without them a spec the CUDA-graph rules reject compiles
+
+
+def check_disabled(options: CompileOptions) -> None:
+    """Disabling passes is for bisecting: refuse names that are no pass, passes the runtime cannot
+    run without, and the safety passes unless forced."""
+    known = GENERIC_PASSES + PER_BS_PASSES
+    unknown = [p for p in options.disabled_passes if p not in known]
+    if unknown:
+        raise OptionsError(f"--disable-pass {' '.join(unknown)}: no such pass; passes: {', '.join(known)}")
+    required = [p for p in options.disabled_passes if p in REQUIRED]
+    if required:
+        raise OptionsError(f"--disable-pass {' '.join(required)}: the runtime allocates and binds from its results; "
+                           "it cannot be disabled")
+    unsafe = [p for p in options.disabled_passes if p in SAFETY]
+    if unsafe and not options.force:
+        raise OptionsError(f"--disable-pass {' '.join(unsafe)} switches off a safety check: specs that break the "
+                           "CUDA-graph rules would compile and serve wrong metadata; add --force to do it anyway")
 
 
 def _mode_bytes(g: Graph, space: Space) -> int:

@@ -42,6 +42,8 @@ class CompileOptions:
     # verify after every pass: on in tests (tests/conftest.py sets ATTNMETA_VERIFY=1), off when serving
     verify_each: bool = attrs.field(factory=lambda: os.environ.get("ATTNMETA_VERIFY", "0") == "1")
     disabled_passes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    # disabling a safety pass (verify, check-split) compiles specs the CUDA-graph rules would reject
+    force: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_bs < 1:
@@ -54,6 +56,10 @@ class CompileOptions:
         if bad:
             raise OptionsError(f"capture sizes {bad} are outside 1..max_bs={self.max_bs}; "
                                f"raise --max-bs or drop those sizes")
+        for name, v in (("num_draft_tokens", self.num_draft_tokens), ("topk", self.topk),
+                        ("num_steps", self.num_steps)):
+            if not isinstance(v, int) or v < 1:
+                raise OptionsError(f"{name} must be an int >= 1, got {v!r} (--{name.replace('_', '-')})")
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -7,10 +7,10 @@ from .backend import AttentionBackend
 from .compiled import BatchError, CompiledAttentionBackend, StaleBufferError
 from .forward import ForwardBatch, ReplayView
 from .graphs import CaptureSyncError, CudaGraph, EmulatedGraph, new_graph
-from .runner import GraphRunner
+from .runner import GraphRunner, OutputView, StaleOutputError
 
 __all__ = [
     "AttentionBackend", "BatchError", "CaptureSyncError", "CompiledAttentionBackend", "CudaGraph", "DecodeModel",
-    "EmulatedGraph", "ForwardBatch", "ForwardMode", "GraphRunner", "ReplayView", "StaleBufferError",
-    "decode_attention_loop", "new_graph", "paged_decode_attention",
+    "EmulatedGraph", "ForwardBatch", "ForwardMode", "GraphRunner", "OutputView", "ReplayView", "StaleBufferError",
+    "StaleOutputError", "decode_attention_loop", "new_graph", "paged_decode_attention",
 ]

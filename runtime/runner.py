@@ -22,6 +22,28 @@ from .forward import ForwardBatch, ReplayView
 from .graphs import new_graph
 
 
+class StaleOutputError(RuntimeError):
+    """A runner's output view was read after the runner's next step overwrote it."""
+
+
+class OutputView(torch.Tensor):
+    """A view of a runner's static output buffer (``run(..., copy=False)``), valid until the runner's
+    next step, as engines treat graph outputs. With ``debug=True`` every use after that step raises."""
+
+    _runner: GraphRunner
+    _step: int
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, OutputView) and a._step != a._runner.step:
+                raise StaleOutputError(f"an output of step {a._step} was used after step {a._runner.step} ran and "
+                                       "overwrote it: copy it first, or let run() return a copy (copy=True)")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
 def dummy_batch(mode: ForwardMode, bs: int, device, seq_len: int = 1) -> ForwardBatch:
     """Capture-time batch: pool row 0 (reserved, all zero) and short sequences."""
     seq = torch.full((bs,), seq_len, dtype=torch.int32)
@@ -31,12 +53,13 @@ def dummy_batch(mode: ForwardMode, bs: int, device, seq_len: int = 1) -> Forward
 
 class GraphRunner:
     def __init__(self, backend: AttentionBackend, model: DecodeModel, capture_sizes, device,
-                 modes=(ForwardMode.DECODE,)):
+                 modes=(ForwardMode.DECODE,), debug: bool = False):
         self.backend, self.model, self.device = backend, model, torch.device(device)
         self.sizes = sorted(set(capture_sizes))
         self.modes = tuple(dict.fromkeys(m.graph_key for m in modes))
         self.graphs: dict[tuple[ForwardMode, int], object] = {}
         self.stats: Counter = Counter()
+        self.debug, self.step = debug, 0
 
     def capture(self) -> None:
         pool = None
@@ -63,8 +86,23 @@ class GraphRunner:
         i = bisect.bisect_left(self.sizes, max(raw, 1))
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, fb: ForwardBatch, q: torch.Tensor) -> torch.Tensor:
-        """Metadata + attention for one step; returns the output rows of the real batch."""
+    def run(self, fb: ForwardBatch, q: torch.Tensor, out: torch.Tensor | None = None,
+            copy: bool = True) -> torch.Tensor:
+        """Metadata + attention for one step; returns the output rows of the real batch. The result is
+        the caller's: a copy, or ``out`` written in place (no allocation). ``copy=False`` returns a
+        view of the static output buffer instead, valid until the next ``run`` (checked with debug)."""
+        self.step += 1
+        r = self._step(fb, q)
+        if out is not None:
+            return out.copy_(r)
+        if copy:
+            return r.clone()
+        if self.debug:
+            r = r.as_subclass(OutputView)
+            r._runner, r._step = self, self.step
+        return r
+
+    def _step(self, fb: ForwardBatch, q: torch.Tensor) -> torch.Tensor:
         key = fb.forward_mode.graph_key
         raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
         bs = self.padded_size(raw)
