@@ -65,6 +65,8 @@ class CompiledAttentionBackend(AttentionBackend):
                  check_addresses: bool = True, pools: dict | None = None):
         self.compiled = compiled
         self.device = torch.device(device) if device is not None else req_to_token.device
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda" is the current device: name it
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self._pools = {"req_to_token": req_to_token, **(pools or {})}
         self.env = check_pools(compiled.pools, self._pools)  # R and N, from the pools' shapes
         self.planners = {**default_planners(), **{k: with_key(f) for k, f in (planners or {}).items()}}

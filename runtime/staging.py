@@ -51,10 +51,13 @@ class _Staged:
         self.lo, self.hi = slot.bounds(env)
         self.np = host.numpy()
         self.mv = memoryview(self.np)
-        self.umv = memoryview(self.np.view(_UNSIGNED.get(host.dtype, self.np.dtype)))
+        self.unp = self.np.view(_UNSIGNED.get(host.dtype, self.np.dtype))
+        self.umv = memoryview(self.unp)
         self.ptr, self.itemsize, self.dtype = host.data_ptr(), host.element_size(), host.dtype
         info = np.iinfo(self.np.dtype)
         self.full_range = self.lo <= info.min and self.hi >= info.max  # nothing to check
+        if not self.full_range and not (self.lo in (0, 1) and self.hi >= 0):
+            raise ValueError(f"{slot.source}: staged checks cover ranges [0 or 1, hi]; got [{self.lo}, {self.hi}]")
         self.dirty = dirty  # [n]: entries at n and beyond hold the fill (shared by the mode's sizes)
 
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
@@ -71,17 +74,17 @@ class _Staged:
         self.np[:live] = a
 
     def _check_staged(self, live: int, capture: bool, name: str) -> None:
-        lo = 0 if capture and self.slot.kind is Kind.row else self.lo
-        if lo == 0 and self.hi >= 0:  # negatives read as huge unsigned values: one max checks both ends
-            top = max(self.umv[:live]) if live <= 48 else int(self.np[:live].view(self.umv.format).max())
-            if top > self.hi:
-                self._check(self.np[:live], capture, name)
-            return
-        if live <= 48:
-            ok = min(self.mv[:live]) >= lo and max(self.mv[:live]) <= self.hi
+        """The live rows just staged, against (lo, hi). Read as unsigned, a negative value is huge, so
+        one maximum checks both ends of [0, hi]; a pool row also must not be 0 (reserved). Small
+        batches go through Python's max over the buffer; larger ones through ``argmax`` and
+        ``count_nonzero``, which skip NumPy's reduction machinery (~0.3 us against ~1 us)."""
+        if live <= 16:
+            bad = max(self.umv[:live]) > self.hi or (self.lo == 1 and not capture and 0 in self.mv[:live])
         else:
-            ok = int(self.np[:live].min()) >= lo and int(self.np[:live].max()) <= self.hi
-        if not ok:
+            u = self.unp[:live]
+            bad = u[u.argmax()] > self.hi or (self.lo == 1 and not capture and
+                                             np.count_nonzero(self.np[:live]) != live)
+        if bad:
             self._check(self.np[:live], capture, name)
 
     def _check(self, a: np.ndarray, capture: bool, name: str) -> None:
