@@ -9,11 +9,13 @@ table, dtypes (no floats, so no NaN), and narrowing (an int64 value that an int3
 wrap). Host-side writes go through NumPy views of the staging buffer: for the few hundred bytes
 a step moves, a torch op's dispatch costs more than the copy.
 
-Fields the batch only has on the device (a DSV4 ``out_cache_loc``) take a device->device copy
-after the packed copy (same stream, so ordered); the host cannot check them without a sync, so
-the kernels that index with them guard every index on the device instead (out-of-range rows
-read nothing). A field the spec stages from a host mirror (``seq_lens_cpu``) must come with it:
-reading the device copy would cost a device->host sync every step.
+Fields the batch only has on the device (a DSV4 ``out_cache_loc``; ``req_pool_indices`` when the
+engine keeps no ``req_pool_indices_cpu``) take a device->device copy after the packed copy (same
+stream, so ordered). The host cannot check them without a sync, so every kernel that indexes with
+a row or a slot guards it on the device instead: one outside its table reads entry 0, the reserved
+row or slot. A length cannot be guarded into a right value, so a length the spec stages from a
+host mirror (``seq_lens_cpu``) must come with it: reading the device copy would cost a
+device->host sync every step.
 
 Hazard: the pinned staging buffer is read by an asynchronous copy. Writing it again before that
 copy has run corrupts the previous step's inputs (seen in engines that plan back to back), so
@@ -63,8 +65,12 @@ class _Staged:
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
             ctypes.memmove(self.ptr, src.data_ptr(), live * self.itemsize)
-            if not self.full_range:
-                self._check_staged(live, capture, name)
+            if self.full_range:
+                return
+            if live <= 16:  # the common check inline (_check_staged): a microsecond matters per step
+                if max(self.umv[:live]) <= self.hi and (self.lo != 1 or capture or 0 not in self.mv[:live]):
+                    return
+            self._check_staged(live, capture, name)
             return
         if src.dtype not in _INTS:
             why = "a float is truncated, and NaN has no value" if src.is_floating_point() else "convert it"
@@ -167,8 +173,8 @@ class Stager:
             return s.source, src
         if s.device_field is not None:
             d = getattr(fb, s.device_field, None)
-            if isinstance(d, torch.Tensor) and d.is_cpu:
-                return s.device_field, d  # the device field is itself a host tensor (a CPU serving loop)
+            if isinstance(d, torch.Tensor) and (d.is_cpu or s.slot.kind is not Kind.length):
+                return s.device_field, d  # a host tensor after all (a CPU loop), or a row/slot guarded on device
             if d is not None:
                 raise BatchError(f"the batch has {s.device_field} on {d.device} but no {s.source}: {s.device_field} "
                                  f"is staged and checked from its host mirror {s.source} (reading the device copy "
