@@ -1,0 +1,148 @@
+"""Bad inputs and the error each one gets: one table that the tests run (tests/test_reliability.py)
+and that docs/RELIABILITY.md prints (``python -m tests.bad_inputs`` writes its table), so the doc
+never drifts from what the code says."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class Case:
+    what: str  # the bad input, as a user would describe it
+    run: Callable[[], object]  # does it; must raise
+    error: str  # the exception class name
+    says: str  # a fragment of its message
+
+
+@functools.cache
+def _compiled(name: str = "flashinfer", modes=("decode", "target_verify", "draft_extend"), **kw):
+    from attnmeta.compiler import CompileOptions, compile_backend
+
+    return compile_backend(name, CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=16, modes=modes, **kw))
+
+
+def _backend(name: str = "flashinfer", **kw):
+    from tests.batches import make_pool
+
+    return _compiled(name, **kw).instantiate(make_pool(8, 16))
+
+
+def _step(mode: str = "DECODE", raw: int = 3, backend=None, **fields):
+    """One batch of ``raw`` requests through the backend, with ``fields`` replaced."""
+    from attnmeta.runtime import ForwardMode
+    from tests.batches import make_batch
+
+    fb = make_batch(raw, 16, 12, seed=1, max_len=8, mode=ForwardMode[mode])
+    for k, v in fields.items():
+        setattr(fb, k, v)
+    (backend or _backend()).init_forward_metadata(fb)
+
+
+def _ints(*v, dtype=torch.int64):
+    return torch.tensor(v, dtype=dtype)
+
+
+def _options(**kw):
+    from attnmeta.compiler import CompileOptions
+
+    return CompileOptions(**kw)
+
+
+def _parse(text):
+    from attnmeta.compiler.ir import parse
+
+    return parse(text)
+
+
+def _fill_spec(fill):
+    from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, compile_backend
+    from attnmeta.compiler.ir import DType, SpecBuilder
+
+    def build(mode, options):
+        b = SpecBuilder("mine")
+        seq = b.input("seq_lens", DType.int32, ["bs"], fill=1)
+        rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=fill)
+        r2t = b.pool("req_to_token", DType.int32, ["R", "L"])
+        with b.in_graph():
+            b.outputs(kv_indices=b.ragged_gather(r2t, rpi, seq, b.cumsum(seq), capacity="max_bs*L"))
+        return b.build()
+
+    compile_backend(BackendSpec("mine", build, (ForwardMode.DECODE,)), CompileOptions(max_bs=4, capture_sizes=(4,)))
+
+
+GRAPH = 'graph "g" [] {\n  input %x: i32[bs]@device batch fill=1\n  output y = %x\n'
+CASES = [
+    Case("a pool row outside the pool (`req_pool_indices_cpu = [1, 99, 2]`)",
+         lambda: _step(req_pool_indices_cpu=_ints(1, 99, 2)), "BatchError",
+         "req_pool_indices_cpu[1] = 99 is not a request row of this pool: allowed 1..7"),
+    Case("a negative pool row", lambda: _step(req_pool_indices_cpu=_ints(1, -1, 2)), "BatchError",
+         "req_pool_indices_cpu[1] = -1 is not a request row"),
+    Case("a live request on the reserved pool row 0", lambda: _step(req_pool_indices_cpu=_ints(0, 1, 2)),
+         "BatchError", "row 0 is reserved for padding"),
+    Case("a negative sequence length", lambda: _step(seq_lens_cpu=_ints(3, -2, 4, dtype=torch.int32)), "BatchError",
+         "seq_lens_cpu[1] = -2: a length cannot be negative"),
+    Case("a sequence longer than the context", lambda: _step(seq_lens_cpu=_ints(3, 17, 4, dtype=torch.int32)),
+         "BatchError", "a sequence of 17 tokens exceeds 16, the longest this backend serves (max_context_len=16)"),
+    Case("a verify sequence without room for the drafts",
+         lambda: _step("TARGET_VERIFY", seq_lens_cpu=_ints(3, 13, 4, dtype=torch.int32)),
+         "BatchError", "exceeds 12, the longest this backend serves (max_context_len=16 less the 4 slots"),
+    Case("an int64 length past 2^32 (it would wrap into range)",
+         lambda: _step(seq_lens_cpu=_ints(3, 2**32 + 5, 4)), "BatchError", "= 4294967301: a sequence of"),
+    Case("float or NaN lengths", lambda: _step(seq_lens_cpu=torch.tensor([3.0, float("nan"), 2.0])), "BatchError",
+         "seq_lens_cpu must hold integers (torch.int32 or torch.int64), got torch.float32"),
+    Case("fewer values than the batch has rows", lambda: _step(req_pool_indices_cpu=_ints(1, 2)), "BatchError",
+         "req_pool_indices_cpu has 2 values for a batch of 3 rows"),
+    Case("a field the spec reads is missing", lambda: _step(req_pool_indices_cpu=None, req_pool_indices=None),
+         "BatchError", "the batch has no req_pool_indices (nor req_pool_indices_cpu)"),
+    Case("more accepted draft tokens than drafted",
+         lambda: _step("DRAFT_EXTEND", extend_seq_lens_cpu=_ints(1, 5, 2, dtype=torch.int32)),
+         "BatchError", "a request extends by at most num_draft_tokens tokens"),
+    Case("a batch larger than max_bs", lambda: _step(raw=5), "BatchError", "batch size 5 exceeds max_bs=4"),
+    Case("a mode the backend was not compiled for",
+         lambda: _step("TARGET_VERIFY", backend=_backend("triton", modes=("decode",))), "BatchError",
+         "was compiled for modes ['decode'], not target_verify"),
+    Case("a pool of the wrong width", lambda: _compiled().instantiate(torch.zeros(8, 17, dtype=torch.int32)),
+         "BatchError", "pool req_to_token must be i32[rows, 16]"),
+    Case("a padding fill that is a live pool row (spec)", lambda: _fill_spec(3), "SplitError",
+         "[missing-fill-value] %req_pool_indices"),
+    Case("capture sizes past max_bs", lambda: _options(max_bs=4, capture_sizes=(8,)), "OptionsError",
+         "capture sizes [8] are outside 1..max_bs=4"),
+    Case("topk, num_steps or num_draft_tokens below 1", lambda: _options(topk=0), "OptionsError",
+         "topk must be an int >= 1, got 0"),
+    Case("`--disable-pass` with an unknown pass", lambda: _compiled("triton", disabled_passes=("fusee",)),
+         "OptionsError", "--disable-pass fusee: no such pass"),
+    Case("`--disable-pass check-split` without `--force`",
+         lambda: _compiled("triton", disabled_passes=("check-split",)), "OptionsError", "switches off a safety check"),
+    Case("`--disable-pass plan-buffers` (the runtime needs it)",
+         lambda: _compiled("triton", disabled_passes=("plan-buffers",)), "OptionsError", "cannot be disabled"),
+    Case(".ir text with a missing `}`", lambda: _parse(GRAPH), "ParseError", "graph 'g' is not closed"),
+    Case(".ir text after the closing `}`", lambda: _parse(GRAPH + "}\n  output z = %x\n"), "ParseError",
+         "text after the closing '}'"),
+    Case(".ir text with a bad value name", lambda: _parse(GRAPH.replace("%x\n", "%9x\n") + "}\n"), "ParseError",
+         "expected a value name after %"),
+]
+
+
+def table() -> str:
+    """The markdown table of CASES: what was given, the error, what it says (run to get the message)."""
+    rows = ["| bad input | error | message (start) |", "|---|---|---|"]
+    for c in CASES:
+        try:
+            c.run()
+        except BaseException as e:  # noqa: BLE001  (every case raises; the table shows what)
+            msg = " ".join(ln.strip() for ln in str(e).splitlines()[:2])
+            msg = msg if len(msg) <= 240 else msg[:237] + "..."
+            rows.append(f"| {c.what} | `{type(e).__name__}` | {msg.replace('|', '/')} |")
+        else:
+            rows.append(f"| {c.what} | (no error) | |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table())
