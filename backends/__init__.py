@@ -1,6 +1,9 @@
-"""Backend specs (declared once) and their hand-written eager twins."""
+"""attnmeta's own backend specs (declared once) and their hand-written eager twins.
 
-from attnmeta.compiler import BackendSpec
+They reach the compiler through the ``attnmeta.backends`` entry point (``SPECS``), like any
+installed package's specs; ``get_spec`` and ``list_backends`` are the compiler's registry."""
+
+from attnmeta.compiler import BackendSpec, get_spec, list_backends, register_backend
 
 from . import dsv4, flashattention, flashinfer, triton
 from .multistep import multistep
@@ -8,15 +11,6 @@ from .tbo import tbo
 
 _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC)
 _EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC, multistep(flashinfer.SPEC), multistep(triton.SPEC))
-_SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}
+SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}
 
-
-def list_backends() -> list[str]:
-    return sorted(_SPECS)
-
-
-def get_spec(name: str) -> BackendSpec:
-    try:
-        return _SPECS[name]
-    except KeyError:
-        raise KeyError(f"unknown backend {name!r}; available: {list_backends()}") from None
+__all__ = ["SPECS", "get_spec", "list_backends", "register_backend"]

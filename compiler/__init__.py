@@ -1,14 +1,16 @@
 """attnmeta.compiler: specs in, per-(mode, bs) plans out."""
 
 from .compile import CompiledBackend, compile_backend
+from .ir.errors import AttnmetaError, Diagnostic, InternalError, OptionsError, UnknownName, UserError
 from .modes import ForwardMode
-from .options import CompileOptions, OptionsError
+from .options import CompileOptions
 from .passes.check_split import RULES, SplitError, Violation
 from .passes.check_split import check_split_graph as check_split
 from .pipeline import GENERIC_PASSES, PER_BS_PASSES, PassError
-from .spec import BackendSpec
+from .spec import BackendSpec, get_spec, list_backends, register_backend
 
 __all__ = [
-    "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "BackendSpec", "CompileOptions", "CompiledBackend",
-    "ForwardMode", "OptionsError", "PassError", "SplitError", "Violation", "check_split", "compile_backend",
+    "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "AttnmetaError", "BackendSpec", "CompileOptions", "CompiledBackend",
+    "Diagnostic", "ForwardMode", "InternalError", "OptionsError", "PassError", "SplitError", "UnknownName",
+    "UserError", "Violation", "check_split", "compile_backend", "get_spec", "list_backends", "register_backend",
 ]

@@ -15,6 +15,12 @@ from .passes.registry import PassContext
 
 
 class Instrument:
+    """Hooks on every stage: ``start`` (a mode's spec graph), ``should_run``/``before``/``after``
+    (each pass), ``lowered`` (a plan lowered, and the seconds it took)."""
+
+    def start(self, g: Graph, ctx: PassContext) -> None:
+        pass
+
     def should_run(self, name: str, ctx: PassContext) -> bool:
         return True
 
@@ -22,6 +28,9 @@ class Instrument:
         pass
 
     def after(self, name: str, g: Graph, ctx: PassContext) -> None:
+        pass
+
+    def lowered(self, plan, ctx: PassContext, seconds: float) -> None:
         pass
 
 
@@ -67,6 +76,9 @@ class Timing(Instrument):
 
     def after(self, name, g, ctx):
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - self._t0
+
+    def lowered(self, plan, ctx, seconds):
+        self.seconds["lower"] = self.seconds.get("lower", 0.0) + seconds
 
 
 def dump_path(root: str, backend: str, ctx: PassContext, bs: int) -> str:
@@ -117,9 +129,9 @@ class DumpDir(Instrument):
         else:
             self._write(self.folder(ctx), name, g)
 
-    def artifact(self, ctx: PassContext, name: str, text: str) -> None:
+    def lowered(self, plan, ctx, seconds) -> None:
         d = self.folder(ctx)
         n = self._count[d]
         self._count[d] = n + 1
-        with open(os.path.join(d, f"{n:02d}-{name}"), "w") as f:
-            f.write(text)
+        with open(os.path.join(d, f"{n:02d}-lowered.py"), "w") as f:
+            f.write(plan.code())

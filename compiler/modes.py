@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from .ir.errors import OptionsError
+
 
 class ForwardMode(enum.IntEnum):
     EXTEND = 1
@@ -44,4 +46,4 @@ class ForwardMode(enum.IntEnum):
         try:
             return cls[s.upper()]
         except KeyError:
-            raise ValueError(f"unknown forward mode {s!r}; choose from {[m.name.lower() for m in cls]}") from None
+            raise OptionsError(f"unknown forward mode {s!r}; choose from {[m.name.lower() for m in cls]}") from None

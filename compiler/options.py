@@ -7,11 +7,10 @@ import os
 
 import attrs
 
+from .ir.errors import OptionsError
 from .modes import ForwardMode
 
-
-class OptionsError(ValueError):
-    pass
+__all__ = ["CompileOptions", "OptionsError", "default_capture_sizes"]
 
 
 def _sizes(xs) -> tuple[int, ...]:

@@ -1,12 +1,24 @@
-"""BackendSpec: what a backend declares once."""
+"""BackendSpec (what a backend declares once) and the registry that finds specs by name.
+
+The compiler knows no backend. Specs reach it three ways: ``register_backend(spec)``; packages
+that declare an ``attnmeta.backends`` entry point (a ``name -> BackendSpec`` mapping, as
+attnmeta's own backends package does); and references to a user's code, ``pkg.module:SPEC`` or
+``path/to/mine.py:SPEC``. The layers above plug into this one; it never imports them.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
+import os
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 import attrs
 
 from .ir import Graph
+from .ir.errors import InternalError, UnknownName
 from .modes import ForwardMode
 from .options import CompileOptions
 
@@ -17,6 +29,80 @@ class BackendSpec:
     build: Callable[[ForwardMode, CompileOptions], Graph]  # one generic graph per graph-key mode
     modes: tuple[ForwardMode, ...]  # modes the spec supports
     doc: str = ""
-    # Columns a step of this mode reads past seq_lens (verify drafts, a multi-step drafter's slots):
-    # the runtime refuses a sequence longer than max_context_len minus this, instead of clipping it.
+    # Columns a step of this mode reads past seq_lens (verify drafts, a multi-step drafter's slots);
+    # specs declare seq_lens' bound from it (L - headroom), and the runtime refuses longer sequences.
     headroom: Callable[[ForwardMode, CompileOptions], int] = lambda mode, options: 0
+
+
+_REGISTERED: dict[str, BackendSpec] = {}
+GROUP = "attnmeta.backends"
+
+
+def register_backend(spec: BackendSpec, replace: bool = False) -> BackendSpec:
+    """Make ``spec`` known by its name (``compile_backend("mine")``, ``attnmeta compile mine``)."""
+    if not isinstance(spec, BackendSpec):
+        raise UnknownName(f"register_backend takes a BackendSpec, got {type(spec).__name__}")
+    if not replace and spec.name in _REGISTERED and _REGISTERED[spec.name] is not spec:
+        raise UnknownName(f"a backend named {spec.name!r} is registered already; pass replace=True to override it")
+    _REGISTERED[spec.name] = spec
+    return spec
+
+
+@functools.cache
+def _installed() -> dict[str, BackendSpec]:
+    """Specs of every installed package that declares the entry point group (loaded once)."""
+    out: dict[str, BackendSpec] = {}
+    for ep in entry_points(group=GROUP):
+        specs = ep.load()
+        for name, spec in (specs() if callable(specs) else specs).items():
+            out.setdefault(name, spec)
+    return out
+
+
+def list_backends() -> list[str]:
+    return sorted({**_installed(), **_REGISTERED})
+
+
+def get_spec(ref: str | BackendSpec) -> BackendSpec:
+    """A spec by name, or from a user's code: ``pkg.module:SPEC`` or ``path/to/mine.py:SPEC``."""
+    if isinstance(ref, BackendSpec):
+        return ref
+    if ref in _REGISTERED:
+        return _REGISTERED[ref]
+    if ":" in ref:
+        return _load(ref)
+    found = _installed().get(ref)
+    if found is None:
+        raise UnknownName(f"unknown backend {ref!r}; available: {list_backends()} (or give a spec in your code "
+                          "as pkg.module:SPEC or path/to/file.py:SPEC)")
+    return found
+
+
+def _load(ref: str) -> BackendSpec:
+    where, _, attr = ref.rpartition(":")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            if not os.path.exists(where):
+                raise UnknownName(f"no spec file {where!r} (from {ref!r})")
+            mod_name = f"attnmeta_user_{abs(hash(os.path.abspath(where)))}"
+            spec = importlib.util.spec_from_file_location(mod_name, where)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ImportError as e:
+        raise UnknownName(f"cannot import {where!r} for spec {ref!r}: {e}") from None
+    obj = getattr(module, attr, None)
+    if callable(obj) and not isinstance(obj, BackendSpec):
+        obj = obj()  # a factory of a spec
+    if not isinstance(obj, BackendSpec):
+        raise UnknownName(f"{ref!r} is not a BackendSpec (got {type(obj).__name__}); point at the spec object")
+    return obj
+
+
+def load_plugin(group: str, name: str):
+    """The object an installed package registers under entry point ``group``/``name`` (the runtime's
+    ``instantiate`` under ``attnmeta.runtime``)."""
+    for ep in entry_points(group=group, name=name):
+        return ep.load()
+    raise InternalError(f"no {group}:{name} entry point: attnmeta is not installed (pip install -e .)")

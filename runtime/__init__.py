@@ -1,16 +1,24 @@
-"""attnmeta.runtime: the contract, the compiled backend, graphs and the runner."""
+"""attnmeta.runtime: the contract, the compiled backend, graphs and the runners."""
 
 from attnmeta.compiler.modes import ForwardMode
 
-from .attention import DecodeModel, decode_attention_loop, paged_decode_attention
+from .attention import decode_attention_loop, paged_decode_attention
 from .backend import AttentionBackend
 from .compiled import BatchError, CompiledAttentionBackend, StaleBufferError
 from .forward import ForwardBatch, ReplayView
 from .graphs import CaptureSyncError, CudaGraph, EmulatedGraph, new_graph
-from .runner import GraphRunner, OutputView, StaleOutputError
+from .models import DecodeModel, DraftModel
+from .runners import DraftRunner, GraphRunner, OutputView, PiecewiseRunner, StaleOutputError
+
+
+def instantiate(compiled, req_to_token, device=None, planners=None, pools=None) -> CompiledAttentionBackend:
+    """A compiled backend bound to an engine's pools and device (``CompiledBackend.instantiate``)."""
+    return CompiledAttentionBackend(compiled, req_to_token, device=device, planners=planners, pools=pools)
+
 
 __all__ = [
     "AttentionBackend", "BatchError", "CaptureSyncError", "CompiledAttentionBackend", "CudaGraph", "DecodeModel",
-    "EmulatedGraph", "ForwardBatch", "ForwardMode", "GraphRunner", "OutputView", "ReplayView", "StaleBufferError",
-    "StaleOutputError", "decode_attention_loop", "new_graph", "paged_decode_attention",
+    "DraftModel", "DraftRunner", "EmulatedGraph", "ForwardBatch", "ForwardMode", "GraphRunner", "OutputView",
+    "PiecewiseRunner", "ReplayView", "StaleBufferError", "StaleOutputError", "decode_attention_loop", "instantiate",
+    "new_graph", "paged_decode_attention",
 ]

@@ -1,9 +1,9 @@
-"""Torch reference paged decode attention that consumes the metadata.
+"""Torch reference attention that consumes the metadata, and oracles computed from the pool.
 
 ``paged_decode_attention`` has static shapes only (it reads at most ``L``
 keys per request, masked by the indptr), so it can be captured with the
-metadata it reads. ``decode_attention_loop`` is the plain per-request loop
-used as the oracle.
+metadata it reads. ``decode_attention_loop`` and ``attention_from_pool`` are
+the plain per-request oracles (the latter reads no metadata at all).
 """
 
 from __future__ import annotations
@@ -77,42 +77,3 @@ def decode_attention_loop(q, k_cache, v_cache, kv_indptr, kv_indices):
         s = torch.einsum("hd,nhd->hn", q[i], k) * q.shape[-1] ** -0.5
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:]))
-
-
-class DecodeModel:
-    """The captured 'model': attention over static q/out buffers using the backend's metadata,
-    by whichever kernel reads that backend's fields: the Triton split-KV kernel for
-    ``num_kv_splits``, page-table attention for ``page_table``, else indptr/indices attention."""
-
-    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, page_size: int = 1, max_kv_splits: int = 8,
-                 q_heads: int | None = None):
-        self.k_cache, self.v_cache, self.max_len, self.page_size = k_cache, v_cache, max_len, page_size
-        H, Dh = k_cache.shape[1:]  # query heads default to the KV heads; more is grouped-query attention
-        self.q = torch.zeros(max_bs, q_heads or H, Dh, dtype=k_cache.dtype, device=k_cache.device)
-        self.out = torch.zeros_like(self.q)
-        self._triton = None
-        self._splits = max_kv_splits
-
-    def prepare(self, q: torch.Tensor, bs: int) -> None:
-        n = q.shape[0]
-        self.q[:n].copy_(q, non_blocking=True)
-        self.q[n:bs].zero_()
-
-    def forward(self, meta, bs: int) -> torch.Tensor:
-        q, out = self.q[:bs], self.out[:bs]
-        if hasattr(getattr(meta, "plan", None), "run"):  # a FlashInfer wrapper planned this step
-            from .flashinfer_adapter import run_decode
-
-            return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
-        if hasattr(meta, "num_kv_splits"):
-            if self._triton is None:
-                from .triton_attention import TritonDecodeAttention
-
-                self._triton = TritonDecodeAttention(self.q.shape[0], q.shape[1], q.shape[2], self._splits, q.device)
-            return self._triton(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices, meta.num_kv_splits,
-                                out)
-        if hasattr(meta, "page_table"):
-            return paged_decode_attention_pt(q, self.k_cache, self.v_cache, meta.page_table[:bs],
-                                             meta.cache_seqlens_int32[:bs], self.page_size, self.max_len, out=out)
-        return paged_decode_attention(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices,
-                                      self.max_len, out=out)

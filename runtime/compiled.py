@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import torch
 
+from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.lowering.binding import ArgKind
 
 from .backend import AttentionBackend
@@ -26,8 +27,10 @@ __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 log = logging.getLogger("attnmeta.runtime")
 
 
-class StaleBufferError(RuntimeError):
+class StaleBufferError(UserError, RuntimeError):
     """A buffer or object the captured graph reads was replaced after capture."""
+
+    rule = "stale-buffer"
 
 
 def _ptrs(args: list) -> list[int]:
@@ -173,5 +176,5 @@ class CompiledAttentionBackend(AttentionBackend):
     def init_forward_metadata_in_graph(self, fb) -> None:
         b = self._current
         if b is None or b.bs != fb.batch_size:
-            raise RuntimeError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
+            raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
         b.in_fn(*b.in_args)

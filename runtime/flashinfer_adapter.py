@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from .planners import PlanError
+
 PLANNER = "flashinfer.decode_plan"
 
 
@@ -47,7 +49,7 @@ class FlashInferDecodeAdapter:
             try:
                 bufs = [getattr(m, prefix + f) for f in ("kv_indptr", "kv_indices", "kv_last_page_len")]
             except AttributeError:
-                raise KeyError(f"planner node {key!r} has no {prefix}kv_indptr/kv_indices/kv_last_page_len "
+                raise PlanError(f"planner node {key!r} has no {prefix}kv_indptr/kv_indices/kv_last_page_len "
                                "fields to bind a FlashInfer decode wrapper to") from None
             w = self.wrappers[wkey] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],

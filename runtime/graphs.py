@@ -19,11 +19,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.lowering.launch import LAUNCH_HOOK
 
 
-class CaptureSyncError(RuntimeError):
+class CaptureSyncError(UserError, RuntimeError):
     """A host synchronisation was attempted inside graph capture."""
+
+    rule = "capture-sync"
 
 
 _SYNC_METHODS = {"item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__", "nonzero"}
@@ -91,7 +94,7 @@ class EmulatedGraph:
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
         if self.captured:
-            raise RuntimeError("this graph was already captured; make a new one")
+            raise ContractError("this graph was already captured; make a new one")
         guard, rec = _SyncGuard(), _Recorder(self._tape)
 
         def on_launch(fn: Callable[[], None]) -> None:
@@ -112,7 +115,7 @@ class EmulatedGraph:
 
     def replay(self) -> None:
         if not self.captured:
-            raise RuntimeError("replay() before capture()")
+            raise ContractError("replay() before capture()")
         with torch.no_grad():
             for op in self._tape:
                 op()

@@ -18,9 +18,13 @@ import inspect
 import attrs
 import torch
 
+from attnmeta.compiler.ir.errors import UserError
 
-class PlanError(ValueError):
-    pass
+
+class PlanError(UserError):
+    """A planner given what it cannot plan (device indptrs, mismatched lengths)."""
+
+    rule = "plan"
 
 
 @attrs.define

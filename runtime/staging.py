@@ -32,14 +32,17 @@ import numpy as np
 import torch
 
 from attnmeta.compiler.ir import Kind
+from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.lowering.binding import Slot
 
 _INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
 
 
-class BatchError(ValueError):
+class BatchError(UserError):
     """A batch this backend cannot serve as given: names the field, the row, the value and the limit."""
+
+    rule = "batch"
 
 
 class _Staged:

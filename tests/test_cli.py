@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from attnmeta.backends.cli import main
+from attnmeta.app.cli import main
 from attnmeta.compiler import GENERIC_PASSES, PER_BS_PASSES
 from attnmeta.compiler.ir import parse
 
@@ -62,7 +62,7 @@ def test_compile_multistep_with_branches(tmp_path, capsys):
 
 def test_dump_dir_from_environment(tmp_path):
     env = {**os.environ, "ATTNMETA_DUMP_DIR": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "attnmeta.backends.cli", "compile", "flashinfer", "--max-bs", "2",
+    r = subprocess.run([sys.executable, "-m", "attnmeta.app.cli", "compile", "flashinfer", "--max-bs", "2",
                         "--capture-sizes", "1"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "flashinfer" / "idle-bs1").exists() is False  # IDLE shares DECODE's plan
@@ -79,7 +79,7 @@ def test_demo_short_run(capsys):
 def test_demo_every_backend_matches_the_pool_oracle(backend):
     """Attention through each backend's metadata (page-table attention, the Triton split-KV kernel
     under the interpreter, TBO) against attention computed straight from the pool."""
-    from attnmeta.backends.demo import run_demo
+    from attnmeta.app.demo import run_demo
 
     r = run_demo(backend, steps=10, max_bs=12, capture_sizes=(1, 4, 8))
     assert r.mismatches == 0 and r.steps == 10

@@ -1,5 +1,7 @@
 """Hand-written eager twins of the specs: baselines and independent oracles."""
 
+from attnmeta.compiler.ir.errors import UnknownName
+
 from .dsv4 import EagerDSV4Decode
 from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft
 from .flashinfer import EagerFlashInferDecode
@@ -19,4 +21,4 @@ def get_eager(name: str):
     try:
         return EAGER[name.removeprefix("tbo_")]
     except KeyError:
-        raise KeyError(f"no eager twin for backend {name!r}; known: {sorted(EAGER)}") from None
+        raise UnknownName(f"no eager twin for backend {name!r}; known: {sorted(EAGER)}") from None

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import attrs
 
+from .errors import UserError
 from .graph import Graph, Input, Kind, Node, Output, Role
 from .ops import AttrValue, Op, ShapeError, coerce_attrs, infer
 from .types import DType, Placement, Region, TensorType, dim
@@ -28,8 +29,10 @@ from .types import DType, Placement, Region, TensorType, dim
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class SpecError(ValueError):
+class SpecError(UserError):
     """A malformed spec: names the spec line and what to change."""
+
+    rule = "spec"
 
 
 def caller_origin() -> str:

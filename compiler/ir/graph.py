@@ -50,6 +50,13 @@ class Use(enum.Enum):
     host = "host"  # an out_graph host value
 
 
+ALIGN = 16  # bytes: every region starts aligned for any dtype and vector copies
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 @attrs.frozen
 class Buffer:
     """A static buffer region of one mode, laid out at max_bs by pack-inputs (staging) and

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import torch
 
+from .errors import UserError
 from .graph import Graph
 from .ops import OPS, Op
 
 
-class InterpError(RuntimeError):
-    pass
+class InterpError(UserError):
+    """The interpreter was not given every input the graph reads."""
+
+    rule = "interp"
 
 
 def eval_graph(g: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:

@@ -16,7 +16,8 @@ import sympy
 import torch
 
 from . import ops_index as ix
-from .ops_index import ShapeError
+from .errors import ShapeError
+from .fns import EWISE, REDUCE
 from .types import DType, Dynamic, Placement, TensorType, dim
 
 AttrValue = int | bool | str | sympy.Expr | Dynamic | DType | tuple
@@ -63,18 +64,8 @@ class OpInfo:
     doc: str = ""
 
 
-EWISE = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    "ceildiv": lambda a, b: -torch.div(-a, b, rounding_mode="floor"),  # for a positive divisor
-    "mod": torch.remainder,  # floor modulo: the result has the divisor's sign
-    "min": torch.minimum,
-    "max": torch.maximum,
-}
-REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 _DIM = (sympy.Expr, Dynamic)
+
 
 
 def _one_d(t: TensorType, what: str) -> None:

@@ -7,14 +7,9 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .errors import ShapeError
+from .fns import CMP, EWISE
 from .types import DType, Dynamic, TensorType
-
-
-class ShapeError(ValueError):
-    """An op applied to inputs its shape rule rejects."""
-
-
-CMP = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}
 
 
 def _rank(t: TensorType, r: int, what: str) -> None:
@@ -134,8 +129,6 @@ def ref_reduce_rows(ins, a):
 
 
 def _outer_fns():
-    from .ops import EWISE
-
     return {**EWISE, **CMP}
 
 

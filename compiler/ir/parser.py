@@ -10,17 +10,21 @@ import re
 
 import sympy
 
+from .errors import Diagnostic, UserError
 from .graph import Buffer, Graph, Input, Kind, Node, Output, Role, Space, Use
 from .ops import OPS, Op
 from .types import DType, Dynamic, Placement, Region, TensorType, dim
 
 
-class ParseError(ValueError):
+class ParseError(UserError):
+    rule = "parse"
+
     def __init__(self, lineno: int, line: str, why: str, col: int | None = None):
         self.lineno, self.col = lineno, col
         where = f"line {lineno}" + (f", column {col + 1}" if col is not None else "")
         caret = f"\n  {' ' * col}^" if col is not None else ""
-        super().__init__(f"{where}: {why}\n  {line}{caret}")
+        super().__init__(f"{where}: {why}\n  {line}{caret}",
+                         [Diagnostic("parse", "", f"{lineno}:{(col or 0) + 1}", why)])
 
 
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import sympy
 
+from .errors import Diagnostic, UserError
 from .graph import Graph, Kind, Role
 from .ops import ShapeError, infer
 from .types import SYMBOLS, Dynamic, TensorType
 
 
-class VerifyError(ValueError):
+class VerifyError(UserError):
     """A malformed graph. ``problems`` lists every defect found."""
+
+    rule = "verify"
 
     def __init__(self, graph: str, problems: list[str]):
         self.problems = problems
-        super().__init__(f"graph {graph!r} is malformed:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(f"graph {graph!r} is malformed:\n" + "\n".join(f"  - {p}" for p in problems),
+                         [Diagnostic("verify", "", graph, p) for p in problems])
 
 
 def _same_type(a: TensorType, b: TensorType) -> bool:

@@ -16,7 +16,8 @@ import attrs
 import sympy
 import torch
 
-from ..ir.graph import Kind
+from ..ir.graph import Kind, aligned
+from ..ir.graph import Space as IRSpace
 from ..ir.types import SYMBOLS
 from ..modes import ForwardMode
 
@@ -160,5 +161,20 @@ class Layout:
         return dict(dict(self.bases)[mode])
 
 
-def view_shape(t, env) -> tuple[int, ...]:
-    return tuple(int(d) for d in t.subs(env).shape)
+def link(generic: dict) -> Layout:
+    """One layout for every mode of a backend: each mode's regions (pack-inputs, plan-buffers) at a
+    base of its own in every space, so no two modes ever share memory."""
+    end = dict.fromkeys(IRSpace, 0)
+    bases = []
+    for mode, g in generic.items():
+        bases.append((mode, tuple((s.value, end[s]) for s in IRSpace)))
+        for s in IRSpace:
+            end[s] += mode_bytes(g, s)
+    sizes = ((Space.staging_host, end[IRSpace.staging]), (Space.staging_dev, end[IRSpace.staging]),
+             (Space.arena, end[IRSpace.arena]), (Space.host, end[IRSpace.host]))
+    return Layout(sizes, tuple(bases))
+
+
+def mode_bytes(g, space) -> int:
+    """Bytes of a mode's regions in one IR space."""
+    return max((aligned(b.end) for b in g.buffers if b.space is space), default=0)

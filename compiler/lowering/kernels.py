@@ -10,6 +10,7 @@ import torch
 
 from ..ir import OPS, Op
 from ..ir import ops_index as ix
+from ..ir.errors import UnknownName
 from ..ir.ops import EWISE, REDUCE
 from . import triton_kernels
 
@@ -86,7 +87,8 @@ def k_host_call(planners: Mapping[str, Callable], target: str, *args, key: str =
     try:
         fn = planners[target]
     except KeyError:
-        raise KeyError(f"no planner bound for host_call target {target!r}; bound: {sorted(planners)}") from None
+        raise UnknownName(f"no planner bound for host_call target {target!r}; bound: {sorted(planners)}; pass it "
+                          "to instantiate(planners={...})") from None
     return fn(*args, key=key)
 
 

@@ -12,21 +12,16 @@ import sympy
 import torch
 
 from ..ir import Graph
-from ..ir.graph import Kind, Space, Use
+from ..ir.errors import InternalError
+from ..ir.graph import Kind, Space, Use, aligned
 from ..ir.types import SYMBOLS
 from ..modes import ForwardMode
 from .binding import Region, Slot
 from .binding import Space as Mem
 
-ALIGN = 16
 
-
-class LoweringError(RuntimeError):
+class LoweringError(InternalError):
     """A plan the lowering cannot place (a compiler bug, or a layout pass that did not run)."""
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 class Places:
@@ -97,14 +92,14 @@ class Places:
             space = Mem.local_host if t.placement.on_host else Mem.local_dev
             r = Region(space, end[space], t.dtype.torch, tuple(int(d) for d in t.shape))
             out[c] = r
-            end[space] += _aligned(r.nbytes)
+            end[space] += aligned(r.nbytes)
         return out
 
     @staticmethod
     def local_bytes(regions: dict[str, Region]) -> tuple[tuple[Mem, int], ...]:
         end: dict[Mem, int] = {}
         for r in regions.values():
-            end[r.space] = max(end.get(r.space, 0), r.offset + _aligned(r.nbytes))
+            end[r.space] = max(end.get(r.space, 0), r.offset + aligned(r.nbytes))
         return tuple(sorted(end.items(), key=lambda kv: kv[0].value))
 
     # --- staging ---

@@ -10,30 +10,29 @@ import attrs
 
 from ..ir import OPS, Graph, Op, Region, Role
 from ..ir.analysis import index_roles, value_ranges
+from ..ir.errors import Diagnostic, UserError
 from ..ir.types import concrete
 from .registry import PassContext, register_pass
 
 
 @attrs.frozen
-class Violation:
-    rule: str
-    node: str
-    origin: str
-    message: str
-    fix: str
+class Violation(Diagnostic):
+    """A check-split diagnostic: ``rule`` is the rule id, ``node`` the value it is about."""
 
-    def __str__(self) -> str:
-        where = f" ({self.origin})" if self.origin else ""
-        return f"[{self.rule}] %{self.node}{where}: {self.message}\n      fix: {self.fix}"
+    @property
+    def node(self) -> str:
+        return self.value
 
 
-class SplitError(ValueError):
+class SplitError(UserError):
     """The spec's split is illegal; ``violations`` holds every problem found."""
+
+    rule = "check-split"
 
     def __init__(self, graph: str, violations: list[Violation]):
         self.violations = violations
         body = "\n".join(f"  {v}" for v in violations)
-        super().__init__(f"check-split rejected {graph!r} with {len(violations)} violation(s):\n{body}")
+        super().__init__(f"check-split rejected {graph!r} with {len(violations)} violation(s):\n{body}", violations)
 
 
 @attrs.frozen

@@ -3,14 +3,8 @@ from __future__ import annotations
 import attrs
 
 from ..ir import Graph, Role
-from ..ir.graph import Buffer, Space, Use
+from ..ir.graph import Buffer, Space, Use, aligned
 from .registry import PassContext, register_pass
-
-ALIGN = 16  # bytes: every slot starts aligned for any dtype and vector copies
-
-
-def aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @register_pass("pack-inputs")

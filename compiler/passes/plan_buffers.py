@@ -3,8 +3,7 @@ from __future__ import annotations
 import attrs
 
 from ..ir import Graph, Region
-from ..ir.graph import Buffer, Space, Use
-from .pack_inputs import aligned
+from ..ir.graph import Buffer, Space, Use, aligned
 from .registry import PassContext, register_pass
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import attrs
 
 from ..ir import Graph
+from ..ir.errors import InternalError, UnknownName
 from ..modes import ForwardMode
 from ..options import CompileOptions
 
@@ -28,7 +29,7 @@ def register_pass(name: str) -> Callable[[Pass], Pass]:
 
     def deco(fn: Pass) -> Pass:
         if name in PASSES:
-            raise ValueError(f"pass {name!r} registered twice")
+            raise InternalError(f"pass {name!r} registered twice")
         fn.pass_name = name  # type: ignore[attr-defined]
         PASSES[name] = fn
         return fn
@@ -40,4 +41,4 @@ def get_pass(name: str) -> Pass:
     try:
         return PASSES[name]
     except KeyError:
-        raise KeyError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}") from None
+        raise UnknownName(f"unknown pass {name!r}; known passes: {sorted(PASSES)}") from None

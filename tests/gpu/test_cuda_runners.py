@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.runtime import DraftModel, DraftRunner
 from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
-from attnmeta.runtime.runners import BreakableGraph, DraftModel, DraftRunner
+from attnmeta.runtime.runners import BreakableGraph
 from tests.batches import make_batch, make_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

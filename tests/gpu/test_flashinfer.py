@@ -45,7 +45,7 @@ def test_flashinfer_replay_matches_the_oracle():
 def test_multistep_draft_steps_through_flashinfer(topk):
     """The drafter's S steps (and K branches), one graph-mode wrapper per step on that step's
     buffers, captured and replayed: each branch attends to its prefix plus its own drafts."""
-    from attnmeta.runtime.runners import DraftModel, DraftRunner
+    from attnmeta.runtime import DraftModel, DraftRunner
 
     dev, S, sizes = torch.device("cuda"), 3, (4, 16)
     pool = make_pool(ROWS, L, seed=5, device=dev)

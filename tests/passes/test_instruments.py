@@ -19,7 +19,7 @@ def test_crashing_pass_writes_a_repro_bundle_that_reruns(tmp_path, monkeypatch):
         raise ZeroDivisionError("boom")
 
     try:
-        monkeypatch.setattr("attnmeta.compiler.compile.PER_BS_PASSES", (*PER_BS_PASSES[:1], "explode-test"))
+        monkeypatch.setattr("attnmeta.compiler.pipeline.PER_BS_PASSES", (*PER_BS_PASSES[:1], "explode-test"))
         with pytest.raises(PassError) as e:
             compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path)))
         err = e.value

@@ -14,16 +14,19 @@ from collections import Counter
 
 import torch
 
+from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.modes import ForwardMode
 
-from .attention import DecodeModel
-from .backend import AttentionBackend
-from .forward import ForwardBatch, ReplayView
-from .graphs import new_graph
+from ..backend import AttentionBackend
+from ..forward import ForwardBatch, ReplayView
+from ..graphs import new_graph
+from ..models import DecodeModel
 
 
-class StaleOutputError(RuntimeError):
+class StaleOutputError(UserError, RuntimeError):
     """A runner's output view was read after the runner's next step overwrote it."""
+
+    rule = "stale-output"
 
 
 class OutputView(torch.Tensor):

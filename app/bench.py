@@ -20,10 +20,9 @@ from collections.abc import Callable
 
 import torch
 
+from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
-
-from .eager import get_eager
 
 
 def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int) -> list[ForwardBatch]:

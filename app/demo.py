@@ -11,14 +11,12 @@ import time
 import attrs
 import torch
 
+from attnmeta.backends.eager import get_eager
+from attnmeta.backends.eager.compare import compare_metadata, padded
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DecodeModel, GraphRunner
+from attnmeta.runtime import DecodeModel, DraftModel, DraftRunner, GraphRunner
 from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
-from attnmeta.runtime.runners import DraftModel, DraftRunner
 from attnmeta.runtime.serving import ServingSim
-
-from .eager import get_eager
-from .eager.compare import compare_metadata, padded
 
 
 @attrs.define

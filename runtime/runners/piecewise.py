@@ -1,4 +1,4 @@
-"""Graph runners beyond plain decode (see runner.py for GraphRunner).
+"""Piecewise capture: graphs with eager holes.
 
 - ``BreakableGraph``: a step as named segments; the segments named eager run
   eagerly between recorded pieces (they may sync, allocate, change shape);
@@ -7,9 +7,6 @@
   attention are recorded per token bucket; attention runs eagerly between
   them, so the backend's eager ``init_forward_metadata`` sees the *real*
   batch every step (dynamic shapes allowed there).
-- ``DraftRunner``: the EAGLE drafter: a GraphRunner over a MultiStep backend
-  whose model runs attention once per draft step, each step on its own
-  ``step<s>_`` metadata, all in one recorded graph.
 """
 
 from __future__ import annotations
@@ -19,16 +16,18 @@ from collections.abc import Callable
 
 import torch
 
-from .attention import DecodeModel, paged_decode_attention
-from .graphs import new_graph
-from .runner import GraphRunner
+from attnmeta.compiler.ir.errors import OptionsError
+
+from ..graphs import new_graph
+from ..staging import BatchError
 
 
 class BreakableGraph:
     def __init__(self, segments: list[tuple[str, Callable[[], None]]], eager: set[str], device, pool=None):
         unknown = eager - {n for n, _ in segments}
         if unknown:
-            raise ValueError(f"eager regions {sorted(unknown)} name no segment; segments: {[n for n, _ in segments]}")
+            raise OptionsError(f"eager regions {sorted(unknown)} name no segment; segments: "
+                               f"{[n for n, _ in segments]}")
         self.segments, self.eager, self.device, self.pool = segments, eager, torch.device(device), pool
         self.graphs: dict[str, object] = {}
 
@@ -88,7 +87,7 @@ class PiecewiseRunner:
         """Replays the bucket holding ``num_tokens``; returns it (None past the largest: run eagerly)."""
         n = self.bucket(num_tokens)
         if n is None:
-            raise ValueError(f"{num_tokens} tokens exceed the largest captured bucket {self.sizes[-1]}; "
+            raise BatchError(f"{num_tokens} tokens exceed the largest captured bucket {self.sizes[-1]}; "
                              "run the step eagerly or capture a larger bucket")
         self._batch = fb
         try:
@@ -96,39 +95,3 @@ class PiecewiseRunner:
         finally:
             self._batch = None
         return n
-
-
-class DraftModel(DecodeModel):
-    """Attention once per draft step, each reading its own step's metadata; outputs summed, as a
-    stand-in for the drafter's per-step forward. With ``topk`` K > 1, q and out hold K branches
-    per request (``[bs, K, H, Dh]``), the rows ``b*K + k`` the MultiStep metadata describes."""
-
-    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, num_steps: int, topk: int = 1,
-                 q_heads: int | None = None):
-        super().__init__(k_cache, v_cache, max_bs, max_len, q_heads=q_heads)
-        self.num_steps, self.topk = num_steps, topk
-        if topk > 1:
-            self.q = self.q[:, None].repeat(1, topk, 1, 1).zero_()
-            self.out = torch.zeros_like(self.q)
-        rows = self.q.reshape(-1, *self.q.shape[-2:]).shape
-        self.step_out = torch.zeros(num_steps, *rows, dtype=self.q.dtype, device=self.q.device)
-
-    def forward(self, meta, bs: int) -> torch.Tensor:
-        n = bs * self.topk
-        q, out = self.q[:bs].reshape(n, *self.q.shape[-2:]), self.out[:bs].view(n, *self.q.shape[-2:])
-        for s in range(self.num_steps):
-            plan = getattr(meta, f"step{s}_plan", None)
-            if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
-                from .flashinfer_adapter import run_decode
-
-                run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
-                continue
-            paged_decode_attention(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
-                                   getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :n])
-        out.copy_(self.step_out[:, :n].sum(0))
-        return self.out[:bs]
-
-
-def DraftRunner(backend, model: DraftModel, capture_sizes, device) -> GraphRunner:  # noqa: N802
-    """The EAGLE draft runner: decode mode, S steps recorded in one graph per captured size."""
-    return GraphRunner(backend, model, capture_sizes, device)

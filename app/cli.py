@@ -6,12 +6,7 @@ import argparse
 import os
 import sys
 
-from attnmeta.compiler import CompileOptions, OptionsError, PassError, SplitError, compile_backend
-from attnmeta.compiler.ir import SpecError, VerifyError
-
-from . import list_backends
-
-USER_ERRORS = (SplitError, VerifyError, SpecError, OptionsError, KeyError, ValueError)
+from attnmeta.compiler import CompileOptions, InternalError, OptionsError, UserError, compile_backend, list_backends
 
 
 def writable_dir(d: str) -> str:
@@ -120,7 +115,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnmeta", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile a backend spec ahead of serving")
-    c.add_argument("backend", choices=list_backends())
+    c.add_argument("backend", help=f"a backend ({', '.join(list_backends())}), or your spec as pkg.module:SPEC "
+                                   "or path/to/file.py:SPEC")
     c.add_argument("--modes", nargs="+", default=["decode", "idle"])
     c.add_argument("--max-bs", type=int, default=256)
     c.add_argument("--capture-sizes", type=int, nargs="+")
@@ -172,13 +168,13 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `attnmeta compile ... | head`: the reader left, nothing is wrong
         sys.stderr.close()
         return 0
-    except PassError as e:
-        print(f"attnmeta: internal compiler error: {e}", file=sys.stderr)
-        return 3
-    except USER_ERRORS as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"attnmeta: {msg}", file=sys.stderr)
+    except UserError as e:  # what the user gave is wrong: one line, what and how to fix it
+        print(f"attnmeta: {e}", file=sys.stderr)
         return 2
+    except InternalError as e:
+        print(f"attnmeta: internal error (a bug in attnmeta, not in your spec; please report it with the repro "
+              f"bundle if one is named): {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

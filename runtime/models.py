@@ -1,0 +1,79 @@
+"""Models for tests, demos and benchmarks: attention over static query/output buffers that reads a
+backend's metadata the way an engine's model does (captured with it), for decode and for the
+EAGLE drafter's steps."""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import paged_decode_attention, paged_decode_attention_pt
+
+
+class DecodeModel:
+    """The captured 'model': attention over static q/out buffers using the backend's metadata,
+    by whichever kernel reads that backend's fields: the Triton split-KV kernel for
+    ``num_kv_splits``, page-table attention for ``page_table``, else indptr/indices attention."""
+
+    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, page_size: int = 1, max_kv_splits: int = 8,
+                 q_heads: int | None = None):
+        self.k_cache, self.v_cache, self.max_len, self.page_size = k_cache, v_cache, max_len, page_size
+        H, Dh = k_cache.shape[1:]  # query heads default to the KV heads; more is grouped-query attention
+        self.q = torch.zeros(max_bs, q_heads or H, Dh, dtype=k_cache.dtype, device=k_cache.device)
+        self.out = torch.zeros_like(self.q)
+        self._triton = None
+        self._splits = max_kv_splits
+
+    def prepare(self, q: torch.Tensor, bs: int) -> None:
+        n = q.shape[0]
+        self.q[:n].copy_(q, non_blocking=True)
+        self.q[n:bs].zero_()
+
+    def forward(self, meta, bs: int) -> torch.Tensor:
+        q, out = self.q[:bs], self.out[:bs]
+        if hasattr(getattr(meta, "plan", None), "run"):  # a FlashInfer wrapper planned this step
+            from .flashinfer_adapter import run_decode
+
+            return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
+        if hasattr(meta, "num_kv_splits"):
+            if self._triton is None:
+                from .triton_attention import TritonDecodeAttention
+
+                self._triton = TritonDecodeAttention(self.q.shape[0], q.shape[1], q.shape[2], self._splits, q.device)
+            return self._triton(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices, meta.num_kv_splits,
+                                out)
+        if hasattr(meta, "page_table"):
+            return paged_decode_attention_pt(q, self.k_cache, self.v_cache, meta.page_table[:bs],
+                                             meta.cache_seqlens_int32[:bs], self.page_size, self.max_len, out=out)
+        return paged_decode_attention(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices,
+                                      self.max_len, out=out)
+
+
+class DraftModel(DecodeModel):
+    """Attention once per draft step, each reading its own step's metadata; outputs summed, as a
+    stand-in for the drafter's per-step forward. With ``topk`` K > 1, q and out hold K branches
+    per request (``[bs, K, H, Dh]``), the rows ``b*K + k`` the MultiStep metadata describes."""
+
+    def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, num_steps: int, topk: int = 1,
+                 q_heads: int | None = None):
+        super().__init__(k_cache, v_cache, max_bs, max_len, q_heads=q_heads)
+        self.num_steps, self.topk = num_steps, topk
+        if topk > 1:
+            self.q = self.q[:, None].repeat(1, topk, 1, 1).zero_()
+            self.out = torch.zeros_like(self.q)
+        rows = self.q.reshape(-1, *self.q.shape[-2:]).shape
+        self.step_out = torch.zeros(num_steps, *rows, dtype=self.q.dtype, device=self.q.device)
+
+    def forward(self, meta, bs: int) -> torch.Tensor:
+        n = bs * self.topk
+        q, out = self.q[:bs].reshape(n, *self.q.shape[-2:]), self.out[:bs].view(n, *self.q.shape[-2:])
+        for s in range(self.num_steps):
+            plan = getattr(meta, f"step{s}_plan", None)
+            if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
+                from .flashinfer_adapter import run_decode
+
+                run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
+                continue
+            paged_decode_attention(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
+                                   getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :n])
+        out.copy_(self.step_out[:, :n].sum(0))
+        return self.out[:bs]
