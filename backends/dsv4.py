@@ -56,7 +56,7 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     pages = b.ewise("floordiv", b.gather_rows(req_to_token, rpi, first), PAGE)
     slots = b.ewise("add", b.ewise("mul", pages, 2), b.outer("add", zeros, b.ewise("mod", j, 2)))
     full["c128_page_indices"] = b.where(b.outer("gt", full["c128_lens"], j), slots, -1)
-    full["c4_sparse_topk_lengths"] = b.ewise("min", b.ewise("max", full["c4_lens"], 1), TOPK)
+    full["c4_sparse_topk_lengths"] = b.clamp(full["c4_lens"], 1, TOPK)
     full["c4_sparse_page_indices"] = b.full(-1, [rows, TOPK], I32)  # filled later by the indexer's top-k
     return full
 

@@ -26,7 +26,7 @@ def num_kv_splits(b: SpecBuilder, seq_lens, max_splits: int = MAX_SPLITS):
     shortest = b.reduce("min", seq_lens)
     close = b.compare("lt", b.ewise("mul", longest, 8), b.ewise("mul", shortest, 10))
     shortest = b.ewise("max", b.where(close, longest, shortest), 1)  # a zero-size TBO child has no rows
-    splits = b.ewise("max", b.ewise("min", b.ewise("ceildiv", longest, shortest), max_splits), 1)
+    splits = b.clamp(b.ewise("ceildiv", longest, shortest), 1, max_splits)
     chunk = b.ewise("max", b.ewise("ceildiv", longest, splits), 1)
     return b.ewise("ceildiv", seq_lens, chunk, name="num_kv_splits")
 

@@ -71,9 +71,9 @@ class CompiledBackend:
     def kernels(self, mode: ForwardMode, bs: int) -> int:
         """Device launches per step in the plan's graph: fused kernels plus unfused ops (slices are views)."""
         p = self.plan(mode, bs)
-        consts = set(p.consts)
+        consts, fused = set(p.consts), p.graph.kernel_of()
         return len(p.kernels) + sum(1 for n in p.graph.region_nodes(Region.in_graph)
-                                    if n.name not in consts and not n.kernel and n.op is not Op.slice)
+                                    if n.name not in consts and n.name not in fused and n.op is not Op.slice)
 
     def summary(self) -> list[dict]:
         """Per mode: node counts, host ops and bytes copied per step at the largest captured size,

@@ -14,25 +14,14 @@ import attrs
 import torch
 
 from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Space
-from attnmeta.compiler.lowering.fx import LoweredPlan
 
 from .buffers import Buffers, allocate, view
 from .staging import Stager, _Staged
 
 
 @attrs.define
-class Capture:
-    """What a captured graph holds on to: the pools' storage and the planners' results."""
-
-    pools: list[tuple[str, torch.Tensor, int]]  # (name, tensor, data_ptr) the graph reads
-    planned: list  # planner results at capture: replays must get the same objects
-    in_ptrs: list[int]
-    checked: bool = False
-
-
-@attrs.define
 class BoundPlan:
-    plan: LoweredPlan
+    plan: object  # the lowered plan: fx modules (out_gm, in_gm, const_gm) and its binding
     binding: Binding
     stager: Stager
     out_fn: object  # the out_graph module's forward (no nn.Module call overhead)
@@ -41,7 +30,7 @@ class BoundPlan:
     in_args: list
     crossing: list[torch.Tensor]
     meta: SimpleNamespace
-    capture: Capture | None = None
+    capture: object | None = None  # what the captured graph holds on to (checks.Capture)
 
     @property
     def mode(self):
@@ -52,7 +41,7 @@ class BoundPlan:
         return self.binding.bs
 
 
-def bind(plan: LoweredPlan, buffers: Buffers, pools: dict, planners: dict, device: torch.device, env: dict,
+def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.device, env: dict,
          event: list, dirty: dict) -> BoundPlan:
     """Views for every argument of ``plan``; runs the plan's own constants once."""
     b = plan.binding

@@ -13,54 +13,19 @@ from types import MappingProxyType
 
 import torch
 
-from attnmeta.compiler.ir.errors import ContractError, UserError
+from attnmeta.compiler.ir.errors import ContractError
 from attnmeta.compiler.lowering.binding import ArgKind
 
 from .backend import AttentionBackend
-from .bound import BoundPlan, Capture, bind
+from .bound import BoundPlan, bind
 from .buffers import Buffers
+from .checks import StaleBufferError, capture_record, check_pools, check_replay
 from .planners import default_planners, with_key
 from .staging import BatchError
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 
 log = logging.getLogger("attnmeta.runtime")
-
-
-class StaleBufferError(UserError, RuntimeError):
-    """A buffer or object the captured graph reads was replaced after capture."""
-
-    rule = "stale-buffer"
-
-
-def _ptrs(args: list) -> list[int]:
-    return [a.data_ptr() if isinstance(a, torch.Tensor) else id(a) for a in args]
-
-
-def _same(new, old) -> bool:
-    return new is old or (isinstance(old, int | float | str | bool | type(None)) and new == old)
-
-
-def check_pools(specs, pools: dict) -> dict[str, int]:
-    """Every pool the spec reads is bound, with its dtype and fixed extents; returns the extents the
-    pools decide (R: pool rows, N: KV slots), for the range checks."""
-    env: dict[str, int] = {}
-    for p in specs:
-        t = pools.get(p.name)
-        if t is None:
-            raise BatchError(f"the spec reads pool {p.name!r}; pass it to instantiate(pools={{{p.name!r}: ...}})")
-        ok = isinstance(t, torch.Tensor) and t.dim() == len(p.shape) and t.dtype == p.dtype
-        for k, d in enumerate(p.shape if ok else ()):
-            if d.is_Integer:
-                ok &= t.shape[k] == int(d)
-            elif d.is_Symbol:
-                ok &= env.setdefault(d.name, t.shape[k]) == t.shape[k]
-        if not ok:
-            want = ", ".join(str(d) if d.is_Integer else "rows" for d in p.shape)
-            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise BatchError(f"pool {p.name} must be {str(p.dtype).removeprefix('torch.').replace('int', 'i')}"
-                             f"[{want}] (the L it was compiled for), got {got}")
-    return env
 
 
 class CompiledAttentionBackend(AttentionBackend):
@@ -110,10 +75,13 @@ class CompiledAttentionBackend(AttentionBackend):
             if not 0 <= bs <= self.max_bs:
                 raise BatchError(f"batch size {bs} exceeds max_bs={self.max_bs} the backend was compiled for; "
                                  "recompile with a larger --max-bs")
-            plan = self.compiled.plan(key[0], bs)  # an uncaptured size compiles here, once, logged by the compiler
+            plan = self.compiled.plans.get(key)
+            if plan is None:  # a size compiled neither for capture nor as max_bs: compile it now, once
+                log.info("%s batch of %d rows: no plan compiled ahead, compiling it", key[0].name.lower(), bs)
+                plan = self.compiled.specialize(key[0], bs)
             b = self._bound[key] = bind(plan, self.buffers, self._pools, self.planners, self.device, self.env,
                                         self._event, self._dirty)
-            log.debug("bound plan %s", plan.graph.name)
+            log.debug("bound plan %s", b.binding.graph)
         return b
 
     # --- the contract ---
@@ -140,33 +108,11 @@ class CompiledAttentionBackend(AttentionBackend):
         else:
             b.out_fn(*b.out_args)
         if in_capture:
-            b.capture = Capture([(a.name, t, t.data_ptr()) for a, t in zip(b.binding.in_args, b.in_args, strict=True)
-                                 if a.kind is ArgKind.pool],
-                                [getattr(b.meta, f) for f in b.binding.planned], _ptrs(b.in_args))
+            b.capture = capture_record(b)
         elif b.capture is not None and self.check_addresses:
-            self._check_replay(b)
+            check_replay(b, self._pools)
         self._current = b
         self.forward_metadata = b.meta
-
-    def _check_replay(self, b: BoundPlan) -> None:
-        """Before a replay: every buffer and planner result the graph captured is still the one it reads."""
-        c = b.capture
-        for name, t, ptr in c.pools:
-            if self._pools[name] is not t or t.data_ptr() != ptr:
-                raise StaleBufferError(f"pool {name} of {b.binding.graph} was rebound after capture; the graph still "
-                                       "reads the old storage. Write into the bound pool in place instead.")
-        for field, old in zip(b.binding.planned, c.planned, strict=True):
-            if not _same(getattr(b.meta, field), old):
-                raise StaleBufferError(f"planner field {field} of {b.binding.graph} is a new object at replay; the "
-                                       "captured graph keeps the capture-time one. A planner must return the same "
-                                       "object every call (a graph-mode wrapper planned in place).")
-        if not c.checked:  # internal buffers are bound once; check them on the first replay only
-            fresh = _ptrs(b.in_args)
-            if fresh != c.in_ptrs:
-                names = [a.name for a, x, y in zip(b.binding.in_args, fresh, c.in_ptrs, strict=True) if x != y]
-                raise StaleBufferError(f"buffers {names} of {b.binding.graph} were rebound after capture; the graph "
-                                       "still reads the old ones. Write new values in place (copy_) instead.")
-            c.checked = True
 
     def set_stream(self, stream) -> None:
         """Staging records its hazard event on the stream that was current at the first step; an engine

@@ -31,9 +31,8 @@ import ctypes
 import numpy as np
 import torch
 
-from attnmeta.compiler.ir import Kind
 from attnmeta.compiler.ir.errors import UserError
-from attnmeta.compiler.lowering.binding import Slot
+from attnmeta.compiler.lowering.binding import Kind, Slot
 
 _INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}

@@ -163,6 +163,10 @@ class SpecBuilder:
         skips shift[i] columns from entry split[i] on (a draft branch's own slots)."""
         return self.op(Op.ragged_gather, table, rows, lens, indptr, *(jump or ()), capacity=capacity, name=name)
 
+    def clamp(self, x: V, lo: int, hi: int, name=None) -> V:
+        """x kept inside [lo, hi]."""
+        return self.op(Op.clamp, x, lo=lo, hi=hi, name=name)
+
     def reduce(self, fn: str, x: V, name=None) -> V:
         return self.op(Op.reduce, x, fn=fn, name=name)
 

@@ -113,7 +113,6 @@ class Node:
     region: Region
     movable: bool = False
     origin: str = ""  # spec line ("backends/flashinfer.py:31") or "pass:<name>"
-    kernel: str = ""  # the fused kernel this node lowers into (set by fuse)
 
     @property
     def a(self) -> dict[str, AttrValue]:
@@ -135,6 +134,10 @@ class Graph:
     outputs: tuple[Output, ...]
     symbols: tuple[tuple[str, int], ...] = attrs.field(converter=lambda s: tuple(sorted(dict(s).items())), default=())
     buffers: tuple[Buffer, ...] = ()  # the static layout (pack-inputs, plan-buffers); empty before them
+    kernels: tuple[tuple[str, str], ...] = ()  # node -> the fused kernel it lowers into (fuse); sorted
+
+    def kernel_of(self) -> dict[str, str]:
+        return dict(self.kernels)
 
     def buffer_of(self, space: Space, use: Use, name: str) -> Buffer | None:
         return next((b for b in self.buffers if b.space is space and b.use is use and b.name == name), None)

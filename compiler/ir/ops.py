@@ -51,6 +51,7 @@ class Op(enum.Enum):
     outer = "outer"
     gather_rows = "gather_rows"
     flatten = "flatten"
+    clamp = "clamp"
 
 
 @attrs.frozen
@@ -173,6 +174,12 @@ def _ref_ragged_gather(ins, a):
     return out
 
 
+def _infer_clamp(ins, a):
+    if a["lo"] > a["hi"]:
+        raise ShapeError(f"clamp bounds are empty: lo={a['lo']} > hi={a['hi']}")
+    return ins[0]
+
+
 def _infer_reduce(ins, a):
     (x,) = ins
     if a["fn"] not in REDUCE:
@@ -246,6 +253,8 @@ OPS: dict[Op, OpInfo] = {
     Op.outer: OpInfo(2, {"fn": str}, ix.infer_outer, ix.ref_outer, True, doc="out[i, j] = fn(a[i], b[j])"),
     Op.flatten: OpInfo(1, {}, ix.infer_flatten, lambda ins, a: ins[0].reshape(-1).clone(), True,
                        doc="[n, m] -> [n*m], row-major (per-request rows to per-token values)"),
+    Op.clamp: OpInfo(1, {"lo": int, "hi": int}, _infer_clamp, lambda ins, a: ins[0].clamp(a["lo"], a["hi"]), True,
+                     doc="min(max(x, lo), hi): a value kept inside [lo, hi] (lengths, split counts)"),
     Op.gather_rows: OpInfo(3, {}, ix.infer_gather_rows, ix.ref_gather_rows, True,
                            doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row; a row "
                                "outside the table reads row 0"),

@@ -224,7 +224,7 @@ def _node(c: _Cursor) -> Node:
         kernel = c.name("a kernel name")
     origin = c.string() if c.take("@") else ""
     c.end()
-    return Node(name, op, tuple(ins), a, t, region, movable, origin, kernel)
+    return Node(name, op, tuple(ins), a, t, region, movable, origin), kernel
 
 
 def _output(c: _Cursor) -> Output:
@@ -274,7 +274,7 @@ def parse(text: str) -> Graph:
         c.take(",")
     c.expect("{", "'{' opening the graph body")
     c.end()
-    inputs, nodes, outputs, buffers = [], [], [], []
+    inputs, nodes, outputs, buffers, kernels = [], [], [], [], []
     closed = None
     for lineno, line in lines[1:]:
         c = _Cursor(lineno, line)
@@ -291,7 +291,10 @@ def parse(text: str) -> Graph:
             elif c.take("buffer "):
                 buffers.append(_buffer(c))
             elif c.peek("%"):
-                nodes.append(_node(c))
+                node, kernel = _node(c)
+                nodes.append(node)
+                if kernel:
+                    kernels.append((node.name, kernel))
             else:
                 c.fail("expected an input, node, output or buffer line, or '}'")
         except ParseError:
@@ -302,4 +305,4 @@ def parse(text: str) -> Graph:
         last, text_last = lines[-1]
         raise ParseError(last, text_last, f"graph {name!r} is not closed: expected '}}' after this line",
                          len(text_last))
-    return Graph(name, tuple(inputs), tuple(nodes), tuple(outputs), symbols, tuple(buffers))
+    return Graph(name, tuple(inputs), tuple(nodes), tuple(outputs), symbols, tuple(buffers), tuple(sorted(kernels)))

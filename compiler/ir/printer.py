@@ -46,7 +46,7 @@ def fmt_input(i: Input) -> str:
     return s
 
 
-def fmt_node(n: Node) -> str:
+def fmt_node(n: Node, kernel: str = "") -> str:
     args = ", ".join(f"%{x}" for x in n.inputs)
     s = f"  %{n.name} = {n.op.value}({args})"
     if n.attrs:
@@ -54,8 +54,8 @@ def fmt_node(n: Node) -> str:
     s += f" : {fmt_type(n.type)} {n.region.value}"
     if n.movable:
         s += " movable"
-    if n.kernel:
-        s += f" kernel={n.kernel}"
+    if kernel:
+        s += f" kernel={kernel}"
     if n.origin:
         s += f" @{json.dumps(n.origin)}"
     return s
@@ -77,7 +77,8 @@ def print_graph(g: Graph) -> str:
     syms = ", ".join(f"{k}={v}" for k, v in g.symbols)
     lines = [f"graph {json.dumps(g.name)} [{syms}] {{"]
     lines += [fmt_input(i) for i in g.inputs]
-    lines += [fmt_node(n) for n in g.nodes]
+    kernels = g.kernel_of()
+    lines += [fmt_node(n, kernels.get(n.name, "")) for n in g.nodes]
     lines += [fmt_output(o) for o in g.outputs]
     lines += [fmt_buffer(b) for b in g.buffers]
     lines.append("}")

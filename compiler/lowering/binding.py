@@ -102,6 +102,17 @@ class Slot:
         return self.lo, min(int(hi), cap) if hi.is_Integer else cap
 
 
+def _where(r: Region | None) -> str:
+    if r is None:
+        return ""
+    return f" {r.space.value}@{r.offset} {str(r.dtype).removeprefix('torch.')}{list(r.shape)}"
+
+
+def _arg(a: Arg) -> str:
+    extra = f" rows[{a.start}:{a.stop}] of {a.of or 'its slot'}" if a.kind is ArgKind.view else ""
+    return f"{a.kind.value} {a.name}{_where(a.region)}{extra}"
+
+
 @attrs.frozen
 class Binding:
     mode: ForwardMode
@@ -116,6 +127,19 @@ class Binding:
     planned: tuple[str, ...]  # fields set from the out_graph results after the crossings (planner results)
     fields: tuple[tuple[str, Arg], ...]  # every other field: the static argument holding it
     local_bytes: tuple[tuple[Space, int], ...]  # this plan's own constant buffers, allocated at bind
+
+    def describe(self) -> str:
+        """Everything the runtime binds, one line each: what a reader checks against the code."""
+        lines = [f"binding {self.graph} (mode {self.mode.name.lower()}, bs {self.bs})"]
+        lines += [f"  slot {s.source} <- fill {s.fill}, {s.kind.value} in [{s.lo}, {s.hi}], {s.per_row}/row"
+                  f"{_where(s.host)}{' + device' if s.dev else ''}" for s in self.slots]
+        lines += [f"  copy {d.nbytes} bytes {h.space.value}@{h.offset} -> {d.space.value}@{d.offset}"
+                  for d, h in self.copies]
+        for label, args in (("out_graph", self.out_args), ("in_graph", self.in_args), ("const", self.const_args)):
+            lines += [f"  {label} arg {_arg(a)}" for a in args]
+        lines += [f"  field {f} = {_arg(a)}" for f, a in self.fields]
+        lines += [f"  field {f} = planner result, set every step" for f in self.planned]
+        return "\n".join(lines) + "\n"
 
 
 @attrs.frozen

@@ -19,14 +19,9 @@ import tempfile
 
 import attrs
 
-from ..ir import Graph, Op
-
-_BIN = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})",
-        "min": "tl.minimum({a}, {b})", "max": "tl.maximum({a}, {b})"}
-_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_TL = {"i32": "tl.int32", "i64": "tl.int64", "f32": "tl.float32", "bool": "tl.int1", "u8": "tl.uint8"}
-_IDENT = {"sum": "0", "max": "-2147483648", "min": "2147483647"}
-GATHER_BLOCK, PAGE_BLOCK = 128, 64
+from ..ir import Graph
+from ..passes.rowforms import ROWFORMS
+from .places import LoweringError
 
 
 @attrs.frozen
@@ -65,12 +60,19 @@ class _Emitter:
         self.lines.append(f"    {name} = {expr}")
         return name
 
-    # --- value forms ---
-    def scalar(self, x: str) -> str:
-        return self._form(x, "s")
+    # --- value forms (the row forms in passes/rowforms.py call these) ---
+    def name(self, n, f: str) -> str:
+        return f"{f}_{self.nm(n.name)}"
 
-    def vector(self, x: str) -> str:
-        return self._form(x, "v")
+    def val(self, x: str, f: str) -> str:
+        """Value ``x`` at this program's row (``f="s"``) or over all rows (``"v"``), emitted once."""
+        key = (x, f)
+        if key not in self.memo:
+            self.memo[key] = self._make(x, f)
+        return self.memo[key]
+
+    def scalar(self, x: str) -> str:
+        return self.val(x, "s")
 
     def columns(self, m: int) -> tuple[str, str]:
         """Column indices and their mask for a row of width ``m``."""
@@ -86,15 +88,23 @@ class _Emitter:
             self.memo[(x, "col")] = self.emit(f"k_{self.nm(x)}", f"tl.load({self.arg(x)} + {c}, mask={cm}, other=0)")
         return self.memo[(x, "col")]
 
-    def _width(self, x: str) -> int | None:
+    def width(self, x: str) -> int | None:
         shape = self.types[x].shape
         return int(shape[1]) if len(shape) == 2 else None
 
-    def _form(self, x: str, f: str) -> str:
-        key = (x, f)
-        if key not in self.memo:
-            self.memo[key] = self._make(x, f)
-        return self.memo[key]
+    def table(self, x: str) -> tuple[str, str, str]:
+        """A table's pointer, row stride and width (a 1-D table: its length as the width)."""
+        p = self.arg(x)
+        if x not in self.tables:
+            self.tables.append(x)
+        if len(self.types[x].shape) == 1:
+            return p, "1", f"width_{self.nm(x)}"
+        return p, f"stride_{self.nm(x)}", f"width_{self.nm(x)}"
+
+    def row(self, table: str, row: str) -> str:
+        """A row index guarded on device: one outside the table reads row 0 (reserved, like padding)."""
+        r = self.emit(f"rw_{len(self.lines)}", f"{row}.to(tl.int64)")
+        return self.emit(f"rg_{len(self.lines)}", f"tl.where(({r} >= 0) & ({r} < nrows_{self.nm(table)}), {r}, 0)")
 
     def _make(self, x: str, f: str) -> str:
         t = self.types[x]
@@ -104,153 +114,30 @@ class _Emitter:
                 return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p})")
             if x not in self.row_args:
                 self.row_args.append(x)
-            if (w := self._width(x)) is not None:  # a per-row vector: this program's row of it
+            if (w := self.width(x)) is not None:  # a per-row vector: this program's row of it
                 c, cm = self.columns(w)
                 return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + i * {w} + {c}, mask={cm}, other=0)")
             at = "i" if f == "s" else "offs, mask=m, other=0"
             return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
         n = self.nodes[x]
-        a, ins = n.a, n.inputs
-        val = self.scalar if f == "s" else self.vector
-        if n.op is Op.ewise and a["fn"] == "ceildiv":  # divisor positive by contract: exact either rounding
-            u, d = val(ins[0]), val(ins[1])
-            return self.emit(f"{f}_{self.nm(x)}", f"tl.where({u} >= 0, ({u} + {d} - 1) // {d}, -((-{u}) // {d}))")
-        if n.op is Op.ewise:
-            return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=val(ins[0]), b=val(ins[1])))
-        if n.op is Op.ewise_const:
-            v, c = val(ins[0]), a["value"]
-            if a["fn"] == "floordiv":  # exact floor for c > 0 whatever the back end's rounding
-                floor = f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))"
-                return self.emit(f"{f}_{self.nm(x)}", floor)
-            if a["fn"] == "mod":  # floor modulo through the exact floor division above
-                fl = f"tl.where({v} >= 0, {v} // {c}, -((-{v} + {c - 1}) // {c}))"
-                return self.emit(f"{f}_{self.nm(x)}", f"({v} - ({fl}) * {c})")
-            if a["fn"] == "ceildiv":
-                return self.emit(f"{f}_{self.nm(x)}", f"tl.where({v} >= 0, ({v} + {c - 1}) // {c}, -((-{v}) // {c}))")
-            return self.emit(f"{f}_{self.nm(x)}", _BIN[a["fn"]].format(a=v, b=c))
-        if n.op is Op.cast:
-            return self.emit(f"{f}_{self.nm(x)}", f"{val(ins[0])}.to({_TL[a['dtype'].value]})")
-        if n.op is Op.compare:
-            return self.emit(f"{f}_{self.nm(x)}", f"({val(ins[0])} {_CMP[a['fn']]} {val(ins[1])})")
-        if n.op is Op.where:
-            return self.emit(f"{f}_{self.nm(x)}", f"tl.where({val(ins[0])}, {val(ins[1])}, {val(ins[2])})")
-        if n.op is Op.copy:
-            return val(ins[0])
-        if n.op is Op.lookup:  # an index outside the table reads entry 0 (the reserved slot)
-            p, _, n_tab = self._table(ins[0])
-            idx, w = val(ins[1]), self._width(x)
-            safe = self.emit(f"ix_{self.nm(x)}", f"tl.where(({idx} >= 0) & ({idx} < {n_tab}), {idx}, 0)")
-            mask = ", mask=m, other=0" if f != "s" else "" if w is None else f", mask={self.columns(w)[1]}, other=0"
-            return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {safe}{mask})")
-        if n.op is Op.outer:  # this row's scalar against the whole column operand
-            a, b = val(ins[0]), self.column(ins[1], self._width(x))
-            fn = n.a["fn"]
-            expr = f"({a} {_CMP[fn]} {b})" if fn in _CMP else _BIN[fn].format(a=a, b=b)
-            return self.emit(f"{f}_{self.nm(x)}", expr)
-        if n.op is Op.gather_rows:  # table[rows[i], cols[i, :]], -1 outside the row
-            tp, stride, width = self._table(ins[0])
-            row, cols, cm = self._row(ins[0], val(ins[1])), val(ins[2]), self.columns(self._width(x))[1]
-            ok = self.emit(f"ok_{self.nm(x)}", f"({cols} >= 0) & ({cols} < {width})")
-            got = self.emit(f"g_{self.nm(x)}", f"tl.load({tp} + {row} * {stride} + {cols}, mask={ok} & {cm}, other=0)")
-            return self.emit(f"{f}_{self.nm(x)}", f"tl.where({ok}, {got}, -1)")
-        if n.op is Op.flatten:  # stored row-major: program i writes its row
-            return val(ins[0])
-        if n.op is Op.reduce:
-            r = f"tl.{a['fn']}(tl.where(m, {self.vector(ins[0])}, {_IDENT[a['fn']]}), axis=0)"
-            return self.emit(f"r_{self.nm(x)}", r)
-        if n.op is Op.cumsum and f == "s":
-            before = f"tl.sum(tl.where(offs < i, {self.vector(ins[0])}, 0), axis=0)"
-            excl = self.emit(f"e_{self.nm(x)}", before)
-            inc = self.emit(f"s_{self.nm(x)}", f"{excl} + {self.scalar(ins[0])}")
-            return excl if a["leading_zero"] else inc
-        if n.op is Op.cumsum:
-            return self.emit(f"v_{self.nm(x)}", f"tl.cumsum({self.vector(ins[0])}, axis=0)")
-        raise NotImplementedError(f"no {f} form for {n.op.value}")
+        form = ROWFORMS[n.op]
+        if form.emit is None:
+            raise LoweringError(f"{n.op.value} %{x} is only stored by its kernel; nothing in it may read it")
+        return form.emit(self, n, f)
 
     # --- stores ---
     def store(self, x: str) -> None:
         n, p = self.nodes[x], f"o_{self.nm(x)}"
-        if n.op is Op.cumsum and n.a["leading_zero"]:
-            excl = self.scalar(x)
-            self.lines.append(f"    tl.store({p} + i + 1, {excl} + {self.scalar(n.inputs[0])})")
-            self.lines.append(f"    if i == 0:\n        tl.store({p}, 0)")
-        elif n.op is Op.reduce:
-            self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
-        elif n.op is Op.ragged_gather:
-            self._gather(n, p)
-        elif n.op is Op.page_table:
-            self._page_table(n, p)
-        elif n.op is Op.repeat:
-            times = int(n.a["times"])
-            self.meta["TP2"] = max(1, 1 << (times - 1).bit_length())
-            self.lines.append(f"    t_{self.nm(x)} = tl.arange(0, TP2)")
-            t = f"t_{self.nm(x)}"
-            self.lines.append(f"    tl.store({p} + i * {times} + {t}, {self.scalar(n.inputs[0])} + {t} * 0, "
-                              f"mask={t} < {times})")
-        elif (w := self._width(x) or (self._width(n.inputs[0]) if n.op is Op.flatten else None)) is not None:
+        form = ROWFORMS[n.op]
+        if form.store is not None and form.store(self, n, p):
+            return
+        if (w := self.width(x)) is not None:
             c, cm = self.columns(w)
             self.lines.append(f"    tl.store({p} + i * {w} + {c}, {self.scalar(x)}, mask={cm})")
         elif n.type.shape == ():  # a batch-wide scalar: every program has it, one stores it
             self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
         else:
             self.lines.append(f"    tl.store({p} + i, {self.scalar(x)})")
-
-    def _table(self, x: str) -> tuple[str, str, str]:
-        """A table's pointer, row stride and width (a 1-D table: its length as the width)."""
-        p = self.arg(x)
-        if x not in self.tables:
-            self.tables.append(x)
-        if len(self.types[x].shape) == 1:
-            return p, "1", f"width_{self.nm(x)}"
-        return p, f"stride_{self.nm(x)}", f"width_{self.nm(x)}"
-
-    def _row(self, table: str, row: str) -> str:
-        """A row index guarded on device: one outside the table reads row 0 (reserved, like padding)."""
-        r = self.emit(f"rw_{len(self.lines)}", f"{row}.to(tl.int64)")
-        return self.emit(f"rg_{len(self.lines)}", f"tl.where(({r} >= 0) & ({r} < nrows_{self.nm(table)}), {r}, 0)")
-
-    def _gather(self, n, p: str) -> None:
-        table, rows, lens, indptr, *jump = n.inputs
-        tp, stride, width = self._table(table)
-        x = self.nm(n.name)
-        if indptr in self.group:
-            start = self.scalar(indptr)
-        else:
-            start = self.emit(f"st_{x}", f"tl.load({self.arg(indptr)} + i)")
-        cols = "o"
-        if jump:  # a branch's draft slots: entries from split on read shift columns further
-            split, shift = (self.scalar(v) for v in jump)
-            cols = f"(o + tl.where(o >= {split}, {shift}, 0))"
-        self.meta["GBLOCK"] = GATHER_BLOCK
-        cap = int(n.type.shape[0])
-        row = self._row(table, self.scalar(rows))
-        self.lines += [
-            f"    n_{x} = {self.scalar(lens)}",
-            f"    at_{x} = {start}.to(tl.int64)",
-            f"    for j in range(0, n_{x}, GBLOCK):",
-            "        o = j + tl.arange(0, GBLOCK)",
-            f"        c = {cols}",
-            f"        w = (o < n_{x}) & (at_{x} + o >= 0) & (at_{x} + o < {cap})",  # never outside the output
-            f"        v = tl.load({tp} + {row} * {stride} + c, mask=w & (c >= 0) & (c < {width}), other=0)",
-            f"        tl.store({p} + at_{x} + o, v, mask=w)",
-        ]
-
-    def _page_table(self, n, p: str) -> None:
-        table, rows, lens = n.inputs
-        tp, stride, width = self._table(table)
-        P, W, x = int(n.a["page_size"]), int(n.a["width"]), n.name
-        self.meta["PBLOCK"] = PAGE_BLOCK
-        self.lines += [
-            f"    row_{self.nm(x)} = {self._row(table, self.scalar(rows))}",
-            f"    np_{self.nm(x)} = tl.minimum(tl.minimum(({self.scalar(lens)} + {P - 1}) // {P}, {W}), "
-            f"({width} + {P - 1}) // {P})",
-            f"    for c in range(0, {W}, PBLOCK):",
-            "        cols = c + tl.arange(0, PBLOCK)",
-            f"        ok = cols < np_{self.nm(x)}",
-            f"        pg = tl.load({tp} + row_{self.nm(x)} * {stride} + cols * {P}, mask=ok, other=0)",
-            f"        pg = pg // {P}",
-            f"        tl.store({p} + i * {W} + cols, tl.where(ok, pg, 0), mask=cols < {W})",
-        ]
 
 
 def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:

@@ -221,7 +221,7 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
 
     users = g.users()
     kernels = []
-    for item in _schedule(in_nodes):  # unfused nodes and whole kernels, in dependency order
+    for item in _schedule(in_nodes, g.kernel_of()):  # unfused nodes and whole kernels, in dependency order
         if isinstance(item, str):
             n = g.node(item)
             ib.call(n, out=out(n.name) if n.name in bound else None)
@@ -275,9 +275,9 @@ def lower_init(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[s
     return b.module([]), tuple(b.args)
 
 
-def _schedule(in_nodes) -> list:
+def _schedule(in_nodes, kernel_of: dict[str, str]) -> list:
     """Topological order over unfused node names and fused groups (lists of names)."""
-    kernel = {n.name: n.kernel for n in in_nodes if n.kernel}
+    kernel = {n.name: kernel_of[n.name] for n in in_nodes if n.name in kernel_of}
     dag = nx.DiGraph()
     for n in in_nodes:
         me = kernel.get(n.name) or n.name
@@ -288,8 +288,8 @@ def _schedule(in_nodes) -> list:
                 dag.add_edge(src, me)
     members: dict[str, list[str]] = {}
     for n in in_nodes:
-        if n.kernel:
-            members.setdefault(n.kernel, []).append(n.name)
+        if n.name in kernel:
+            members.setdefault(kernel[n.name], []).append(n.name)
     first: dict[str, int] = {}  # ties broken by program order: a kernel sits where its first node was
     for i, n in enumerate(in_nodes):
         first.setdefault(kernel.get(n.name) or n.name, i)

@@ -31,6 +31,7 @@ CASES = {
     Op.sort_rows: ([i32(3, 1, 2, 9, 0, 5).view(2, 3)], {}),
     Op.reduce_rows: ([i32(3, 1, 2, 9, 0, 5).view(2, 3)], {"fn": "sum"}),
     Op.copy: ([i32(1, 2)], {}),
+    Op.clamp: ([i32(-3, 4, 99)], {"lo": 1, "hi": 8}),
     Op.outer: ([i32(5, 9), i32(0, 1, 2)], {"fn": "sub"}),
     Op.flatten: ([i32(1, 2, 3, 4, 5, 6).view(2, 3)], {}),
     Op.gather_rows: ([torch.arange(8, dtype=torch.int32).view(2, 4), T([1, 0]), i32(0, 3, -1, 4).view(2, 2)], {}),
@@ -61,6 +62,10 @@ def test_page_table_hand_computed():
     out = OPS[Op.page_table].ref([table, T([1, 0]), i32(5, 8)], {"page_size": 2, "width": 5})
     # row 0 reads pool row 1: ceil(5/2) = 3 pages, slots 8, 10, 12 -> pages 4, 5, 6; the rest 0
     assert out.tolist() == [[4, 5, 6, 0, 0], [0, 1, 2, 3, 0]]
+
+
+def test_clamp_hand_computed():
+    assert OPS[Op.clamp].ref([i32(-3, 4, 99)], {"lo": 1, "hi": 8}).tolist() == [1, 4, 8]
 
 
 def test_every_op_has_a_kernel_and_a_case_or_its_own_test():

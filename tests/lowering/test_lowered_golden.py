@@ -1,0 +1,37 @@
+"""Goldens for what lowering emits: the fx code of each module, the Triton source of each fused
+kernel, and the binding, for one plan per backend family. A codegen change is a diff in
+tests/lowering/golden/, reviewed like code: regenerate with ATTNMETA_ACCEPT=1 and read the diff."""
+
+import os
+import pathlib
+
+import pytest
+
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+
+GOLDEN = pathlib.Path(__file__).parent / "golden"
+CASES = {  # name: (backend, mode, bs, options)
+    "flashinfer-decode": ("flashinfer", ForwardMode.DECODE, 4, {}),
+    "triton-verify": ("triton", ForwardMode.TARGET_VERIFY, 4, {"modes": ("target_verify",)}),
+    "flashattention-p16": ("flashattention", ForwardMode.DECODE, 2, {"page_size": 16}),
+    "dsv4-decode": ("dsv4", ForwardMode.DECODE, 2, {"max_context_len": 512}),
+    "tbo-triton": ("tbo_triton", ForwardMode.DECODE, 3, {}),
+}
+
+
+def lowered(name: str) -> str:
+    backend, mode, bs, kw = CASES[name]
+    opts = CompileOptions(**{"max_bs": 4, "capture_sizes": (bs,), "max_context_len": 64, **kw})
+    plan = compile_backend(backend, opts).plan(mode, bs)
+    return f"{plan.code()}\n# binding\n{plan.binding.describe()}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_lowered_output_is_the_reviewed_one(name):
+    path = GOLDEN / f"{name}.txt"
+    text = lowered(name)
+    if os.environ.get("ATTNMETA_ACCEPT") == "1" or not path.exists():
+        path.write_text(text)
+        if os.environ.get("ATTNMETA_ACCEPT") != "1":
+            pytest.fail(f"no golden for {name}: wrote {path}; read it, then commit it")
+    assert text == path.read_text(), f"lowering of {name} changed: diff {path} (ATTNMETA_ACCEPT=1 to accept)"
