@@ -28,7 +28,23 @@ _FLOW = {Op.copy: (0,), Op.cast: (0,), Op.repeat: (0,), Op.slice: (0,), Op.flatt
 
 
 def index_roles(g: Graph) -> dict[str, set[str]]:
-    """Batch input -> the index roles ("row", "length", "slot") its values reach."""
+    """Batch input -> the index roles ("row", "length", "slot") its values reach. A property of the
+    graph's structure: the same for every size of a mode (the per-size passes ask with the mode's
+    graph, computed once)."""
+    hit = _ROLES.get(id(g))
+    if hit is not None and hit[0] is g:
+        return hit[1]
+    out = _index_roles(g)
+    if len(_ROLES) > 64:
+        _ROLES.clear()
+    _ROLES[id(g)] = (g, out)
+    return out
+
+
+_ROLES: dict[int, tuple] = {}
+
+
+def _index_roles(g: Graph) -> dict[str, set[str]]:
     pools = {i.name for i in g.inputs if i.role is Role.pool}
     origin: dict[str, set[str]] = {i.name: {i.name} for i in g.inputs if i.role is Role.batch}
     roles: dict[str, set[str]] = {x: set() for x in origin}
@@ -80,8 +96,9 @@ def _combine(fn: str, a: Interval, b: Interval) -> Interval:
     return None, None
 
 
-def value_ranges(g: Graph) -> dict[str, Interval]:
-    env, roles, types = dict(g.env), index_roles(g), g.types()
+def value_ranges(g: Graph, roles: dict[str, set[str]] | None = None) -> dict[str, Interval]:
+    env, types = dict(g.env), g.types()
+    roles = index_roles(g) if roles is None else roles
 
     def extent(x: str) -> int | None:  # the element count of x, when static
         ds = [concrete(d) for d in types[x].shape]

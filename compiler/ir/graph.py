@@ -21,6 +21,9 @@ _ROWWISE = (Op.ewise, Op.ewise_const, Op.cast, Op.compare, Op.where, Op.copy, Op
             Op.sort_rows, Op.reduce_rows)
 
 
+_CONSTS: dict[int, tuple] = {}  # constants() of recent graphs: passes and lowering ask for them repeatedly
+
+
 class Role(enum.Enum):
     batch = "batch"  # per-step ForwardBatch field, rows padded to the captured bs
     pool = "pool"  # persistent tensor bound once (req_to_token, KV pool)
@@ -171,6 +174,16 @@ class Graph:
         return u
 
     def constants(self) -> tuple[str, ...]:
+        hit = _CONSTS.get(id(self))
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        out = self._constants()
+        if len(_CONSTS) > 256:
+            _CONSTS.clear()
+        _CONSTS[id(self)] = (self, out)  # the graph is kept with its entry, so its id is never reused
+        return out
+
+    def _constants(self) -> tuple[str, ...]:
         """Values fixed once a plan is bound, in program order: ``full``/``arange``, and recordable
         ops over those alone (``arange // K``, ``outer`` of two constants), evaluated at bind
         instead of every step. Never through a metadata field: the engine may write into a field's

@@ -159,51 +159,107 @@ def _make_launcher(fn, meta, n_args, tables, row, name):
     return run
 
 
+@attrs.frozen
+class Q:
+    """Where an argument's buffer is, asked of the plan's ``Places`` when a size is bound: the
+    skeleton of a mode's lowering is shared by its sizes, the regions are each size's own."""
+
+    what: str  # a Places method: batch, field, value, host, const; or "local" (the plan's own constant)
+    name: str
+
+
+@attrs.frozen
+class _Skeleton:
+    out_gm: fx.GraphModule
+    in_gm: fx.GraphModule
+    const_gm: fx.GraphModule
+    out_args: tuple[Arg, ...]
+    in_args: tuple[Arg, ...]
+    const_args: tuple[Arg, ...]
+    crossing: tuple[Arg, ...]
+    planned: tuple[str, ...]
+    fields: tuple[tuple[str, Arg], ...]
+    kernels: tuple
+
+
+_SKELETONS: dict[tuple, _Skeleton] = {}
+
+
 def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, int], max_bs: int) -> LoweredPlan:
     """Requires a specialized, split-checked graph whose layout (pack-inputs, plan-buffers) sits at
     ``base`` in the backend's spaces. Produces the three fx modules and the plan's binding.
     ``stable``: the mode's constants whose shared buffer the mode's init writes at max_bs; the
-    plan's other constants get buffers of their own, written by ``const_gm`` when it is bound."""
+    plan's other constants get buffers of their own, written by ``const_gm`` when it is bound.
+    Sizes whose graphs differ only in extents share one skeleton (modules, kernels, argument
+    kinds); each gets its own regions."""
     places = Places(g, mode, base, max_bs)
     consts = g.constants()
     local = tuple(c for c in consts if c not in stable)
+    inputs = {i.name for i in g.inputs}
     fields = {o.value for o in g.outputs}
-    inputs = {i.name: i for i in g.inputs}
     # A static row range of a batch input (a TBO child's rows) is a view of a static buffer: taken
     # once when the plan is bound. The code then holds no batch-size-dependent bounds, so every
     # size shares one module, and no step spends a call (or, on the host, a copy) on it.
-    views = {n.name: n for n in g.nodes if n.op is Op.slice and n.inputs[0] in inputs and n.name not in fields}
+    views = {n.name for n in g.nodes if n.op is Op.slice and n.inputs[0] in inputs and n.name not in fields}
+    shared = (set(consts) - set(local)) | views  # made outside the modules: their attributes are no code
+    key = (mode, tuple((n.name, n.op, n.inputs, n.region, () if n.name in shared else n.attrs) for n in g.nodes),
+           tuple((i.name, i.role, i.type.placement, i.type.dtype) for i in g.inputs),
+           tuple((o.field, o.value) for o in g.outputs), g.kernels, local)
+    sk = _SKELETONS.get(key)
+    if sk is None:
+        sk = _SKELETONS[key] = _skeleton(g, places, consts, local, views)
+    local_regions = places.locals(local)
+    nodes = g.producers()
+
+    def at(a: Arg) -> Arg:  # the argument with this size's region
+        if not isinstance(a.region, Q):
+            return a
+        q = a.region
+        r = local_regions[q.name] if q.what == "local" else getattr(places, q.what)(q.name)
+        if a.kind is ArgKind.view:
+            v = nodes[a.name]
+            return attrs.evolve(a, region=r, start=int(v.a["start"]), stop=int(v.a["stop"]))
+        return attrs.evolve(a, region=r)
+
+    binding = Binding(mode, g.env["bs"], g.name, places.slots(), places.copies(),
+                      tuple(map(at, sk.out_args)), tuple(map(at, sk.in_args)), tuple(map(at, sk.const_args)),
+                      tuple(map(at, sk.crossing)), sk.planned, tuple((f, at(a)) for f, a in sk.fields),
+                      places.local_bytes(local_regions))
+    return LoweredPlan(g, sk.out_gm, sk.in_gm, sk.const_gm, binding, sk.kernels)
+
+
+def _skeleton(g: Graph, places: Places, consts, local, views) -> _Skeleton:
+    inputs = {i.name: i for i in g.inputs}
+    fields = {o.value for o in g.outputs}
     skip = set(consts) | set(views)
     in_nodes = [n for n in g.nodes if n.region is Region.in_graph and n.name not in skip]
     out_nodes = [n for n in g.nodes if n.region is Region.out_graph and n.name not in skip]
     out_names = {n.name for n in out_nodes}
     in_names = {n.name for n in in_nodes}
-    local_regions = places.locals(local)
 
     def resolve(x: str) -> Arg:
         if x in inputs:
             i = inputs[x]
-            return Arg(x, ArgKind.pool) if i.role is Role.pool else Arg(x, ArgKind.batch, places.batch(x))
+            return Arg(x, ArgKind.pool) if i.role is Role.pool else Arg(x, ArgKind.batch, Q("batch", x))
         if x in views:
-            src, v = inputs[views[x].inputs[0]], views[x]
+            src = inputs[g.node(x).inputs[0]]
             pool = src.role is Role.pool
-            return Arg(x, ArgKind.view, None if pool else places.batch(src.name), src.name if pool else None,
-                       int(v.a["start"]), int(v.a["stop"]))
-        if x in local_regions:
-            return Arg(x, ArgKind.const, local_regions[x])
+            return Arg(x, ArgKind.view, None if pool else Q("batch", src.name), src.name if pool else None)
+        if x in local:
+            return Arg(x, ArgKind.const, Q("local", x))
         if x in consts:
-            return Arg(x, ArgKind.const, places.const(x))
+            return Arg(x, ArgKind.const, Q("const", x))
         if x in out_names:  # an out_graph value the graph reads: copied into its static buffer
-            return Arg(x, ArgKind.crossing, places.value(x))
+            return Arg(x, ArgKind.crossing, Q("value", x))
         raise LoweringError(f"{g.name}: no place for %{x}")
 
     crossing = tuple(dict.fromkeys(x for n in in_nodes for x in n.inputs if x in out_names))
     ob = _Builder(resolve)
     for n in out_nodes:  # host tensors land in static host buffers: no allocation per step
-        host = places.host(n.name) if n.op is not Op.host_call else None
-        ob.call(n, out=ob.arg(f"hbuf__{n.name}", Arg(n.name, ArgKind.host, host)) if host else None)
+        host = n.op is not Op.host_call and places.host(n.name) is not None
+        ob.call(n, out=ob.arg(f"hbuf__{n.name}", Arg(n.name, ArgKind.host, Q("host", n.name))) if host else None)
         for f in places.fields_of(n.name)[1:] if host else ():  # a second field of the value: its own copy
-            ob.g.call_method("copy_", (ob.arg(f"out__{f}", Arg(f, ArgKind.field, places.field(f))), ob.env[n.name]))
+            ob.g.call_method("copy_", (ob.arg(f"out__{f}", Arg(f, ArgKind.field, Q("field", f))), ob.env[n.name]))
     planned = tuple(o.field for o in g.outputs if o.value in out_names and places.host(o.value) is None)
     value_of = {o.field: o.value for o in g.outputs}
     out_gm = ob.module([ob.env[x] for x in (*crossing, *(value_of[f] for f in planned))])
@@ -216,8 +272,8 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
 
     def out(x: str) -> fx.Node:  # the static buffer value x is stored into: a field's, else scratch
         if x in bound:
-            return ib.arg(f"out__{bound[x]}", Arg(bound[x], ArgKind.field, places.field(bound[x])))
-        return ib.arg(f"tmp__{x}", Arg(x, ArgKind.scratch, places.value(x)))
+            return ib.arg(f"out__{bound[x]}", Arg(bound[x], ArgKind.field, Q("field", bound[x])))
+        return ib.arg(f"tmp__{x}", Arg(x, ArgKind.scratch, Q("value", x)))
 
     users = g.users()
     kernels = []
@@ -241,24 +297,22 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
             continue
         if o.value in in_names or (o.value in inputs and not inputs[o.value].type.placement.on_host) or (
                 o.value in views):
-            field = Arg(o.field, ArgKind.field, places.field(o.field))
+            field = Arg(o.field, ArgKind.field, Q("field", o.field))
             if bound.get(o.value) != o.field:  # passed through, or a second field: copy into its buffer
                 ib.g.call_method("copy_", (ib.arg(f"out__{o.field}", field), ib.value(o.value)))
             meta.append((o.field, field))
-        elif o.value in out_names or (o.value in consts and o.value not in local_regions):
-            meta.append((o.field, Arg(o.field, ArgKind.field, places.field(o.field))))  # its own buffer
+        elif o.value in out_names or (o.value in consts and o.value not in local):
+            meta.append((o.field, Arg(o.field, ArgKind.field, Q("field", o.field))))  # its own buffer
         else:  # a per-size constant, or a host batch input
             meta.append((o.field, resolve(o.value)))
     in_gm = ib.module([])
 
     cb = _Builder(resolve)
     for c in local:
-        cb.call(g.node(c), out=cb.arg(f"const__{c}", Arg(c, ArgKind.const, local_regions[c])))
+        cb.call(g.node(c), out=cb.arg(f"const__{c}", Arg(c, ArgKind.const, Q("local", c))))
     const_gm = cb.module([])
-    binding = Binding(mode, g.env["bs"], g.name, places.slots(), places.copies(), tuple(ob.args), tuple(ib.args),
-                      tuple(cb.args), tuple(resolve(x) for x in crossing), planned, tuple(meta),
-                      places.local_bytes(local_regions))
-    return LoweredPlan(g, out_gm, in_gm, const_gm, binding, tuple(kernels))
+    return _Skeleton(out_gm, in_gm, const_gm, tuple(ob.args), tuple(ib.args), tuple(cb.args),
+                     tuple(resolve(x) for x in crossing), planned, tuple(meta), tuple(kernels))
 
 
 def lower_init(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, int]) -> tuple[fx.GraphModule,

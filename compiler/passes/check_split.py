@@ -41,13 +41,14 @@ class Facts:
     every size (0-d, or [1] in the mode-generic graph: a [bs] tensor at bs 1 is not one)."""
 
     scalars: frozenset[str]
+    roles: dict  # batch input -> the index roles its values reach (analysis.index_roles)
 
     @classmethod
     def of(cls, g: Graph, generic: Graph | None = None) -> Facts:
         src = (generic or g).types()
         one = {x for x, t in src.items() if t.placement.on_host and t.dtype.value != "opaque" and not t.is_dynamic
                and (t.shape == () or generic is not None and all(d == 1 for d in t.shape))}
-        return cls(frozenset(one))
+        return cls(frozenset(one), index_roles(generic or g))
 
 
 Rule = Callable[[Graph, Facts], Iterator[Violation]]
@@ -134,36 +135,35 @@ def _missing_fill(g: Graph, f: Facts) -> Iterator[Violation]:
     """Every padded input declares a fill that is provably safe for what its values index: the
     reserved pool row 0 (or a negative sentinel: every row index is guarded on device), a length
     >= 0, the reserved KV slot 0."""
-    roles = index_roles(g)
     for i in g.inputs:
         if i.role is not Role.batch:
             continue
-        r, f = roles.get(i.name, set()), i.fill
-        if f is None:
+        r, fill = f.roles.get(i.name, set()), i.fill
+        if fill is None:
             yield Violation("missing-fill-value", i.name, i.origin,
                             f"batch input {i.name} is padded to the captured batch size but declares no fill value",
                             "declare a safe fill, e.g. fill=1 for seq_lens, fill=0 for req_pool_indices "
                             "(row 0 is reserved and all zero)")
-        elif "row" in r and f > 0:
+        elif "row" in r and fill > 0:
             yield Violation("missing-fill-value", i.name, i.origin,
-                            f"fill={f} of {i.name} is a live pool row: padded rows would read request row {f}'s "
+                            f"fill={fill} of {i.name} is a live pool row: padded rows would read request row {fill}'s "
                             "KV slots (and write through them)",
                             "fill=0: row 0 of req_to_token is reserved for padding and stays all zero")
-        elif "slot" in r and f != 0:
+        elif "slot" in r and fill != 0:
             yield Violation("missing-fill-value", i.name, i.origin,
-                            f"fill={f} of {i.name} is {'a live' if f > 0 else 'no'} KV slot: padded rows would "
-                            f"{'write into live KV' if f > 0 else 'write at a negative slot outside the cache'}",
+                            f"fill={fill} of {i.name} is {'a live' if fill > 0 else 'no'} KV slot: padded rows would "
+                            f"{'write into live KV' if fill > 0 else 'write at a negative slot outside the cache'}",
                             "fill=0: slot 0 is reserved for padding")
-        elif "length" in r and f < 0:
+        elif "length" in r and fill < 0:
             yield Violation("missing-fill-value", i.name, i.origin,
-                            f"fill={f} of {i.name} is a negative length: every later row's indptr moves back, so "
+                            f"fill={fill} of {i.name} is a negative length: every later row's indptr moves back, so "
                             "padded rows overwrite live rows' indices",
                             "fill=1 (or 0): a padded row is a one-token (or empty) sequence")
 
 
 @rule("buffer-capacity")
 def _capacity(g: Graph, f: Facts) -> Iterator[Violation]:
-    types, ranges = g.types(), value_ranges(g)
+    types, ranges = g.types(), value_ranges(g, f.roles)
     for n in g.nodes:
         lo, hi = ranges.get(n.name, (None, None))
         if n.type.dtype.value == "i32" and ((hi is not None and hi > 2**31 - 1) or (lo is not None and lo < -2**31)):

@@ -35,3 +35,21 @@ def test_lowered_output_is_the_reviewed_one(name):
         if os.environ.get("ATTNMETA_ACCEPT") != "1":
             pytest.fail(f"no golden for {name}: wrote {path}; read it, then commit it")
     assert text == path.read_text(), f"lowering of {name} changed: diff {path} (ATTNMETA_ACCEPT=1 to accept)"
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "triton", "flashattention", "dsv4", "tbo_triton",
+                                     "tbo_flashinfer", "multistep_triton", "flashattention_draft"])
+def test_sizes_sharing_a_skeleton_lower_as_they_would_alone(backend):
+    """Sizes of a mode share one lowering skeleton (modules, kernels, argument kinds); each plan must
+    be exactly what lowering its graph from scratch gives: same code, same binding."""
+    from attnmeta.backends import get_spec
+    from attnmeta.compiler.lowering import fx
+
+    modes = tuple(m.name.lower() for m in get_spec(backend).modes if m is not ForwardMode.EXTEND)
+    cb = compile_backend(backend, CompileOptions(max_bs=9, capture_sizes=(1, 2, 3, 8), modes=modes,
+                                                 max_context_len=600 if backend == "dsv4" else 64))
+    for (mode, bs), plan in cb.plans.items():
+        fx._SKELETONS.clear()
+        alone = fx.lower(plan.graph, mode, cb.stable[mode], cb.layout.base(mode), cb.options.max_bs)
+        assert alone.code() == plan.code(), (mode, bs)
+        assert alone.binding == plan.binding, (mode, bs)
