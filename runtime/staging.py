@@ -63,6 +63,7 @@ class _Staged:
         if not self.full_range and not (self.lo in (0, 1) and self.hi >= 0):
             raise ValueError(f"{slot.source}: staged checks cover ranges [0 or 1, hi]; got [{self.lo}, {self.hi}]")
         self.dirty = dirty  # [n]: entries at n and beyond hold the fill (shared by the mode's sizes)
+        self.live, self.u_live, self.s_live = -1, None, None
 
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
@@ -89,9 +90,11 @@ class _Staged:
         if live <= 16:
             bad = max(self.umv[:live]) > self.hi or (self.lo == 1 and not capture and 0 in self.mv[:live])
         else:
-            u = self.unp[:live]
+            if live != self.live:  # batch sizes repeat: keep the views of the last size's live rows
+                self.live, self.u_live, self.s_live = live, self.unp[:live], self.np[:live]
+            u = self.u_live
             bad = u[u.argmax()] > self.hi or (self.lo == 1 and not capture and
-                                             np.count_nonzero(self.np[:live]) != live)
+                                             np.count_nonzero(self.s_live) != live)
         if bad:
             self._check(self.np[:live], capture, name)
 

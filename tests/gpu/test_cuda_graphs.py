@@ -60,18 +60,25 @@ def test_replay_matches_eager_twin_and_reference_attention(setup):
 
 
 def test_no_device_allocation_on_replay_path(setup):
+    """The replay path allocates nothing: with the output written into the caller's buffer (out=)
+    or left in the static one (copy=False). The default, a copy the caller owns, is one allocation."""
     name, dev, pool, be, runner, k, v = setup
     batches = [make_batch(raw, L, ROWS, seed=100 + raw, device=dev) for raw in (5, 12, 30, 5)]
     qs = [torch.randn(fb.batch_size, 4, 64, device=dev) for fb in batches]
+    outs = [torch.empty_like(q) for q in qs]
     for fb, q in zip(batches, qs, strict=True):  # warm every size once
         runner.run(fb, q)
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
     for _ in range(5):
-        for fb, q in zip(batches, qs, strict=True):
-            runner.run(fb, q)
+        for fb, q, o in zip(batches, qs, outs, strict=True):
+            runner.run(fb, q, out=o)
+            runner.run(fb, q, copy=False)
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+    runner.run(batches[0], qs[0])
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before + 1  # the caller's copy
 
 
 def test_back_to_back_steps_never_clobber_the_pinned_staging_buffer(setup):
