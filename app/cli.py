@@ -139,10 +139,9 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--diff", action="store_true", help="show the diff between consecutive passes")
     i.set_defaults(fn=cmd_inspect)
     d = sub.add_parser("demo", help="serving loop on the default backend, checked against eager every step")
-    d.add_argument("--backend", default="flashinfer",
-                   choices=[b for b in list_backends() if "dsv4" not in b and b != "flashattention_draft"],
-                   help="a backend whose metadata the demo's attention reads (DSV4 and the FlashAttention "
-                        "drafter have no attention kernel here); multistep_* runs the EAGLE drafter")
+    d.add_argument("--backend", default="flashinfer", choices=list_backends(),
+                   help="the backend whose metadata the loop's attention reads; multistep_* and "
+                        "flashattention_draft run the EAGLE drafter's steps")
     d.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     d.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
     d.add_argument("--steps", type=int, default=120)

@@ -13,9 +13,11 @@ import torch
 
 from attnmeta.backends.eager import get_eager
 from attnmeta.backends.eager.compare import compare_metadata, padded
+from attnmeta.backends.eager.dsv4 import swa_table
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.runtime import DecodeModel, DraftModel, DraftRunner, GraphRunner
-from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
+from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool, dsv4_attention_from_pool
+from attnmeta.runtime.models import DSV4Model
 from attnmeta.runtime.serving import ServingSim
 
 
@@ -42,19 +44,34 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     capture_sizes = tuple(s for s in capture_sizes if s <= max_bs) or (max_bs,)
     res = DemoResult(backend, str(dev), captured=tuple(capture_sizes))
-    draft = backend.startswith("multistep_")
+    draft = backend.startswith("multistep_") or backend == "flashattention_draft"
+    dsv4 = backend.removeprefix("tbo_") == "dsv4"
+    if dsv4:
+        max_context_len = max(max_context_len, 640)  # long enough for compressed blocks of 128 and pages of 256
     t0 = time.perf_counter()
     compiled = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=capture_sizes,
                                                        max_context_len=max_context_len, num_steps=num_steps,
                                                        topk=topk))
     res.compile_s = time.perf_counter() - t0
-    sim = ServingSim(max_reqs=max_bs, max_context_len=max_context_len, num_slots=max_bs * max_context_len + 1,
+    slots = max_bs * max_context_len + 1
+    sim = ServingSim(max_reqs=max_bs, max_context_len=max_context_len, num_slots=slots,
                      device=dev, seed=seed, max_batch=max_bs, draft_slots=num_steps * topk if draft else 0)
-    be = compiled.instantiate(sim.req_to_token, device=dev)
+    pools, extra = {}, {}
+    if dsv4:  # the SWA copy of every slot, and one compressed entry per half page
+        g = torch.Generator().manual_seed(seed + 1)
+        pools["full_to_swa"] = swa_table(slots, "cpu").to(dev)
+        extra = {name: torch.randn(2 * (slots // 256 + 1), *sim.k_cache.shape[1:], generator=g).to(dev)
+                 for name in ("c128_k", "c128_v")}
+    be = compiled.instantiate(sim.req_to_token, device=dev, pools=pools)
     if draft:
         model = DraftModel(sim.k_cache, sim.v_cache, max_bs, max_context_len, num_steps, topk)
         runner = DraftRunner(be, model, capture_sizes, dev)
-        eager = get_eager(backend)(sim.req_to_token, max_bs, num_steps=num_steps, topk=topk)
+        eager = get_eager(backend)(sim.req_to_token, max_bs, num_steps=num_steps, **(
+            {"topk": topk} if backend.startswith("multistep_") else {}))
+    elif dsv4:
+        model = DSV4Model(sim.k_cache, sim.v_cache, extra["c128_k"], extra["c128_v"], max_bs, max_context_len)
+        runner = GraphRunner(be, model, capture_sizes, dev)
+        eager = get_eager(backend)(sim.req_to_token, max_bs, pools["full_to_swa"])
     else:
         runner = GraphRunner(be, DecodeModel(sim.k_cache, sim.v_cache, max_bs, max_context_len), capture_sizes, dev)
         eager = get_eager(backend)(sim.req_to_token, max_bs)  # page size 1: the demo's pool is token-granular
@@ -62,6 +79,8 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
     t1 = time.perf_counter()
     for step in range(steps):
         fb, q = sim.step()
+        if dsv4 and fb.batch_size:  # the slot the decoded token's KV is written to
+            fb.out_cache_loc = sim.req_to_token[fb.req_pool_indices, fb.seq_lens.long() - 1].long()
         if draft and topk > 1:  # a query per branch
             q = q[:, None].expand(-1, topk, -1, -1) + torch.arange(topk, device=dev)[:, None, None]
         out = runner.run(fb, q)
@@ -71,11 +90,16 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
             continue
         bs = runner.padded_size(fb.batch_size) or fb.batch_size  # eager past the largest size: unpadded
         full = padded(fb, bs)
-        bad = compare_metadata(be.forward_metadata, eager.init_forward_metadata(full), full.seq_lens_cpu)
+        bad = compare_metadata(be.forward_metadata, eager.init_forward_metadata(full), full.seq_lens_cpu,
+                               256 if dsv4 else 1)
         if bad:
             res.mismatches += 1
             res.failures.append((step, fb.batch_size, bad))
-        if draft:
+        if dsv4:
+            want = dsv4_attention_from_pool(q, sim.k_cache, sim.v_cache, extra["c128_k"], extra["c128_v"],
+                                            sim.req_to_token, pools["full_to_swa"], fb.req_pool_indices,
+                                            fb.seq_lens_cpu)
+        elif draft:
             want = draft_attention_from_pool(q, sim.k_cache, sim.v_cache, sim.req_to_token.cpu(),
                                              fb.req_pool_indices.cpu(), fb.seq_lens_cpu, num_steps, topk)
         else:

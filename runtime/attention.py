@@ -77,3 +77,21 @@ def decode_attention_loop(q, k_cache, v_cache, kv_indptr, kv_indices):
         s = torch.einsum("hd,nhd->hn", q[i], k) * q.shape[-1] ** -0.5
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:]))
+
+
+def dsv4_attention_from_pool(q, swa_k, swa_v, c128_k, c128_v, req_to_token, full_to_swa, req_pool_indices,
+                             seq_lens_cpu, window: int = 128, page: int = 256):
+    """Oracle for DSV4-style sparse decode attention, from the pools alone: a request attends to the
+    SWA copies of its last ``window`` tokens and to one compressed entry per full 128-token block
+    (block j: entry ``2 * page_of(token j // 2 * 256) + j % 2``), under one softmax."""
+    outs = []
+    for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
+        row = req_to_token[r].long().cpu()
+        swa = full_to_swa.cpu()[row[max(0, n - window) : n]].long()
+        comp = torch.tensor([int(row[j // 2 * page]) // page * 2 + j % 2 for j in range(n // 128)], dtype=torch.long)
+        k = torch.cat([swa_k.cpu()[swa], c128_k.cpu()[comp]])
+        v = torch.cat([swa_v.cpu()[swa], c128_v.cpu()[comp]])
+        s = torch.einsum("hd,nhd->hn", q[i].cpu(), k) * q.shape[-1] ** -0.5
+        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+    return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
+

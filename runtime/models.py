@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import paged_decode_attention, paged_decode_attention_pt
+from attnmeta.compiler.lowering.triton_kernels import torch_on
+
+from .attention import _attend, paged_decode_attention, paged_decode_attention_pt
 
 
 class DecodeModel:
@@ -34,7 +36,7 @@ class DecodeModel:
             from .flashinfer_adapter import run_decode
 
             return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
-        if hasattr(meta, "num_kv_splits"):
+        if hasattr(meta, "num_kv_splits") and not torch_on(q):  # the split-KV Triton kernel (torch: below)
             if self._triton is None:
                 from .triton_attention import TritonDecodeAttention
 
@@ -73,7 +75,35 @@ class DraftModel(DecodeModel):
 
                 run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
                 continue
+            if hasattr(meta, f"step{s}_page_table"):  # FlashAttention's drafter: a page table per step
+                paged_decode_attention_pt(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_page_table")[:n],
+                                          getattr(meta, f"step{s}_cache_seqlens_int32")[:n], self.page_size,
+                                          self.max_len, out=self.step_out[s, :n])
+                continue
             paged_decode_attention(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
                                    getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :n])
         out.copy_(self.step_out[:, :n].sum(0))
         return self.out[:bs]
+
+
+class DSV4Model(DecodeModel):
+    """DeepSeek-V4-style sparse decode attention reading exactly the upgraded metadata: the SWA window
+    (``swa_page_indices``, ``swa_topk_lengths``) in the SWA pool, and the c128 compressed entries
+    (``c128_page_indices``, -1 past ``c128_lens``) in the compressed pool, under one softmax. Static
+    shapes: captured with the metadata."""
+
+    def __init__(self, swa_k, swa_v, c128_k, c128_v, max_bs: int, max_len: int):
+        super().__init__(swa_k, swa_v, max_bs, max_len)
+        self.c128_k, self.c128_v = c128_k, c128_v
+
+    def forward(self, meta, bs: int) -> torch.Tensor:
+        q, out = self.q[:bs], self.out[:bs]
+        swa = meta.swa_page_indices[:bs].long()
+        win = torch.arange(swa.shape[1], device=q.device)
+        ok_swa = (win[None, :] < meta.swa_topk_lengths[:bs, None]) & (swa >= 0)
+        comp = meta.c128_page_indices[:bs].long()
+        ok_c = comp >= 0
+        k = torch.cat([self.k_cache[swa.clamp(min=0)], self.c128_k[comp.clamp(min=0)]], dim=1)
+        v = torch.cat([self.v_cache[swa.clamp(min=0)], self.c128_v[comp.clamp(min=0)]], dim=1)
+        return _attend(q, k, v, torch.cat([ok_swa, ok_c], dim=1), out)
+

@@ -13,14 +13,14 @@ batch. Query heads may share KV heads (GQA).
 from __future__ import annotations
 
 import torch
-import triton  # noqa: E402,I001
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
-from attnmeta.compiler.lowering import triton_kernels  # noqa: F401  (TRITON_INTERPRET on CPU-only hosts)
 from attnmeta.compiler.lowering.launch import launch
+from attnmeta.compiler.lowering.triton_kernels import jit
 
 
-@triton.jit
+@jit
 def _stage1(q, k, v, indptr, indices, splits, part_o, part_lse, s_qb, s_qh, s_kt, s_kh, s_vt, s_vh,
             scale, group, head_dim, max_splits, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     b, h, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -56,7 +56,7 @@ def _stage1(q, k, v, indptr, indices, splits, part_o, part_lse, s_qb, s_qh, s_kt
     tl.store(part_lse + base, tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf")))
 
 
-@triton.jit
+@jit
 def _stage2(part_o, part_lse, splits, out, s_ob, s_oh, head_dim, max_splits,
             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     b, h = tl.program_id(0), tl.program_id(1)

@@ -75,15 +75,34 @@ def test_demo_short_run(capsys):
     assert "metadata mismatches        0" in out and out.rstrip().endswith("OK")
 
 
-@pytest.mark.parametrize("backend", ["flashattention", "triton", "tbo_flashinfer"])
+@pytest.mark.parametrize("backend", ["flashattention", "triton", "tbo_flashinfer", "dsv4", "flashattention_draft"])
 def test_demo_every_backend_matches_the_pool_oracle(backend):
     """Attention through each backend's metadata (page-table attention, the Triton split-KV kernel
-    under the interpreter, TBO) against attention computed straight from the pool."""
+    under the interpreter, TBO, DSV4's sparse SWA + compressed attention, the FlashAttention drafter's
+    page tables) against attention computed straight from the pools."""
     from attnmeta.app.demo import run_demo
 
     r = run_demo(backend, steps=10, max_bs=12, capture_sizes=(1, 4, 8))
     assert r.mismatches == 0 and r.steps == 10
     assert r.max_abs_diff < 1e-5
+
+
+def test_dsv4_attention_oracle_is_hand_checkable():
+    """The DSV4 oracle attends to the SWA copies of the last 128 tokens and one compressed entry per
+    full 128-token block: with one key per set made dominant, the output is that key's value."""
+    import torch
+
+    from attnmeta.runtime.attention import dsv4_attention_from_pool
+
+    row = torch.arange(300, dtype=torch.int32)  # token j in slot j: pages 0 and 1
+    f2s = torch.arange(300, dtype=torch.int32)
+    swa_k, swa_v = torch.zeros(300, 1, 1), torch.zeros(300, 1, 1)
+    c_k, c_v = torch.zeros(4, 1, 1), torch.zeros(4, 1, 1)
+    c_k[1] = 50.0  # block 1 of page 0 (tokens 128..255): entry 0 * 2 + 1
+    c_v[1] = 7.0
+    out = dsv4_attention_from_pool(torch.ones(1, 1, 1), swa_k, swa_v, c_k, c_v, row[None], f2s, torch.tensor([0]),
+                                   torch.tensor([260]))
+    assert abs(float(out) - 7.0) < 1e-4  # 260 tokens: 2 compressed blocks, the dominant one read
 
 
 def test_demo_runs_the_drafter_with_branches(capsys):

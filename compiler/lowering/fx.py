@@ -139,6 +139,32 @@ def _launcher(g: Graph, group: list[str], outs: list[str]):
     return fk, _LAUNCHERS[key]
 
 
+def _group(g: Graph, group: list[str], stored: list[str], fk, triton_run):
+    """The fx target of a fused group: its Triton kernel, or on CPU tensors without Triton's
+    interpreter (``triton_kernels.torch_on``) the group's ops one by one through the kernel table,
+    storing the same buffers. One definition of each op's meaning serves both."""
+    from .triton_kernels import torch_on
+
+    nodes = [n for n in g.nodes if n.name in set(group)]
+    at = {a: k for k, a in enumerate(fk.args)}
+    into = {x: k for k, x in enumerate(stored)}
+    kws = [kernel_kwargs(n) for n in nodes]
+    n_args = len(fk.args)
+
+    def run(*xs):
+        ins, res = xs[:n_args], xs[n_args:]
+        if not torch_on(res[0] if res else ins[0]):
+            return triton_run(*xs)
+        env: dict[str, torch.Tensor] = {}
+        for n, kw in zip(nodes, kws, strict=True):
+            args = [env[x] if x in env else ins[at[x]] for x in n.inputs]
+            env[n.name] = KERNELS[n.op](*args, **kw, out=res[into[n.name]] if n.name in into else None)
+        return res
+
+    run.__name__ = fk.fn_name
+    return run
+
+
 def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
     """(row stride, width, rows) of a table a fused kernel indexes; a 1-D table is one row."""
     return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
@@ -285,6 +311,7 @@ def _skeleton(g: Graph, places: Places, consts, local, views) -> _Skeleton:
         group = item
         stored = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
         fk, run = _launcher(g, group, stored)
+        run = _group(g, group, stored, fk, run)
         kernels.append(fk)
         # every store lands in a static buffer: a field's, or scratch for what another kernel reads,
         # so nothing is allocated per step and sizes share one launcher (and one module)

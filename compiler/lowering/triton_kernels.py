@@ -1,8 +1,11 @@
-"""Triton kernels for metadata ops.
+"""Triton kernels for metadata ops, and where kernels run for CPU tensors.
 
-Without a GPU the kernels run in Triton's CPU interpreter; TRITON_INTERPRET
-must be set before ``triton.jit`` decorates them, hence the set-default at
-import time.
+Importing attnmeta never changes the host process's environment. On a host
+without CUDA, Triton kernels run in Triton's interpreter only when the process
+asked for it (``TRITON_INTERPRET=1`` before triton is imported, as the test
+suite does: it checks the kernels themselves); otherwise work on CPU tensors
+runs as plain torch, op by op through the same kernel table, which is also
+what the demo and the benchmark choose (the interpreter is slow).
 """
 
 from __future__ import annotations
@@ -10,31 +13,38 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from ..ir.ops import gather_columns  # noqa: E402
-from .launch import launch  # noqa: E402
+from ..ir.errors import OptionsError
+from ..ir.ops import gather_columns
+from .launch import launch
 
 GATHER_BLOCK = 128
-# On a GPU host, tensors on the CPU cannot reach compiled Triton: they take the torch path below.
-# Without a GPU the kernels run in Triton's interpreter (what the tests check), unless a caller
-# that measures host time (attnmeta bench) switches CPU tensors to the torch path.
-CPU_KERNELS = "triton" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "torch"
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # the process's choice, read once
+# CPU tensors reach Triton only through its interpreter; otherwise they take the torch path.
+CPU_KERNELS = "triton" if INTERPRET else "torch"
+jit = triton.jit  # kernels are jitted as Triton decides (compiled, or interpreted under TRITON_INTERPRET)
 
 
 def set_cpu_kernels(impl: str) -> None:
+    """How kernels run on CPU tensors: ``torch`` (fast), or ``triton`` (the interpreter: the process
+    must have set TRITON_INTERPRET=1 before importing triton)."""
     global CPU_KERNELS
     if impl not in ("triton", "torch"):
-        raise ValueError(f"cpu kernels are 'triton' (interpreter) or 'torch', not {impl!r}")
+        raise OptionsError(f"cpu kernels are 'triton' (interpreter) or 'torch', not {impl!r}")
+    if impl == "triton" and not INTERPRET and not torch.cuda.is_available():
+        raise OptionsError("Triton kernels on CPU need its interpreter: set TRITON_INTERPRET=1 before starting "
+                           "the process (the test suite does), or use the torch kernels")
     CPU_KERNELS = impl
 
 
-@triton.jit
+def torch_on(t: torch.Tensor) -> bool:
+    """Whether work on ``t`` runs as torch rather than Triton."""
+    return t.device.type == "cpu" and CPU_KERNELS == "torch"
+
+
+@jit
 def _ragged_gather_kernel(table, table_stride, width, nrows, rows, lens, indptr, split, shift, out, capacity,
                           JUMP: tl.constexpr, BLOCK: tl.constexpr):
     # One program per request row: copy table[rows[i], cols] to out[indptr[i]:], where cols run
@@ -62,7 +72,7 @@ def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, i
     n = rows.shape[0]
     if n == 0:
         return out
-    if out.device.type == "cpu" and CPU_KERNELS == "torch":
+    if torch_on(out):
         launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, split, shift))  # one opaque launch
         return out
     jump = split is not None
