@@ -24,6 +24,8 @@ from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 
+from .table import table
+
 
 def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int) -> list[ForwardBatch]:
     g = torch.Generator().manual_seed(seed)
@@ -101,7 +103,8 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) -> dict:
 
 
 def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 300, warmup: int = 30,
-              max_context_len: int = 4096, device: str | None = None) -> list[dict]:
+              max_context_len: int = 4096, device: str | None = None, progress=lambda xs, *a, **k: xs) -> list[dict]:
+    """``progress`` wraps the loop over sizes (the CLI passes a progress bar)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     max_bs, L = max(sizes), max_context_len
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L))
@@ -109,13 +112,12 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
     eager = get_eager(backend)(pool, max_bs)
-    return [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) for bs in sizes]
+    return [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L)
+            for bs in progress(sizes, f"bench {backend}", unit="size")]
 
 
 def format_table(rows: list[dict], device: str) -> str:
+    """Markdown, so that a run's table pastes into docs/BENCHMARKS.md as it is."""
     cols = ["bs", "floor_us", "compiled_us", "eager_us", "compiled/floor", "eager/compiled",
             "stage_us", "validate_us", "host_ops_us", "replay_us", "staged_bytes"]
-    lines = [f"host time per decode step on {device} (median µs)", "| " + " | ".join(cols) + " |",
-             "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+    return table(rows, cols, markdown=True, title=f"host time per decode step on {device} (median µs)")

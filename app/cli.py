@@ -1,12 +1,42 @@
-"""The ``attnmeta`` command line: compile, inspect, demo."""
+"""The ``attnmeta`` command line: compile a spec ahead of serving, inspect what the compile did,
+run a checked serving loop, measure host overhead.
+
+examples:
+  attnmeta compile flashinfer --max-bs 64 --dump-dir dumps      pass table per mode; IR of every pass
+  attnmeta compile mine.py:SPEC --modes decode target_verify     your own spec, two modes
+  attnmeta compile triton --print-after fuse --dump-bs 8          the IR after fuse at bs 8
+  attnmeta inspect dumps --diff --mode decode --bs 8              what each pass changed at bs 8
+  attnmeta inspect dumps --html                                   one self-contained HTML report
+  attnmeta demo --backend dsv4                                    a serving loop, every step checked
+  attnmeta bench --backend triton                                 host time per step vs the floor
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
-from attnmeta.compiler import CompileOptions, InternalError, OptionsError, UserError, compile_backend, list_backends
+import attrs
+
+from attnmeta.compiler import (
+    GENERIC_PASSES,
+    PER_BS_PASSES,
+    CompileOptions,
+    InternalError,
+    OptionsError,
+    UserError,
+    compile_backend,
+    list_backends,
+)
+
+from . import inspect as dumps
+from .table import table
+
+PASSES = [*GENERIC_PASSES, *PER_BS_PASSES]
+MODES = ["decode", "idle", "target_verify", "draft_extend", "extend"]
 
 
 def writable_dir(d: str) -> str:
@@ -22,58 +52,86 @@ def writable_dir(d: str) -> str:
     return d
 
 
+def _progress(total: int | None, what: str, unit: str = "plan", items=None):
+    """A progress bar with an ETA on a terminal (tqdm; silent when stderr is no terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(items, total=total, desc=what, unit=unit, leave=False, disable=None, file=sys.stderr)
+
+
+def _loop(items, what: str, unit: str):
+    return _progress(None, what, unit, items)
+
+
 def cmd_compile(a) -> int:
-    dump = a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR")
+    from attnmeta.compiler.instruments import Instrument, PrintIR
+
+    dump = a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR") or ("attnmeta-dumps" if a.report else None)
+    sizes = tuple(a.capture_sizes or ())
+    every = a.dump_bs == ["all"]
+    try:
+        dump_bs = () if every or not a.dump_bs else tuple(int(x) for x in a.dump_bs)
+    except ValueError:
+        raise OptionsError(f"--dump-bs takes batch sizes or 'all', got {a.dump_bs}") from None
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
-                          modes=a.modes, capture_sizes=a.capture_sizes or (),
-                          dump_dir=writable_dir(dump) if dump else None, force=a.force,
-                          disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
-    from attnmeta.compiler.instruments import PrintAfterAll
+                          modes=a.modes, capture_sizes=sizes, dump_dir=writable_dir(dump) if dump else None,
+                          dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
+                          force=a.force, disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
+    if every:
+        opts = attrs.evolve(opts, dump_bs=opts.sizes)
+    from attnmeta.compiler.compile import dump_selection
 
-    inst = [PrintAfterAll(sys.stderr, only_changes=a.print_after_change)] if a.print_after_all or \
-        a.print_after_change else []
-    cb = compile_backend(a.backend, opts, instruments=inst)
-    print(f"compiled {a.backend}: {len(cb.plans)} plans ({len(opts.sizes)} capture sizes x "
+    inst: list = []
+    if a.print_after_all or a.print_after_change or a.print_after or a.print_before:
+        inst.append(PrintIR(sys.stderr, after=None if a.print_after_all or a.print_after_change else set(
+            a.print_after or ()), before=a.print_before or (), only_changes=a.print_after_change,
+            select=dump_selection(opts)))
+    elif not a.no_print_after_failure:
+        inst.append(PrintIR(sys.stderr, after=set(), on_failure=True))
+    bar = _progress(len({*opts.sizes, opts.max_bs}) * len({m.graph_key for m in opts.modes}), f"compile {a.backend}")
+
+    class Progress(Instrument):
+        def lowered(self, plan, ctx, seconds):
+            bar.update(1)
+
+    try:
+        cb = compile_backend(a.backend, opts, instruments=[*inst, Progress()])
+    finally:
+        bar.close()
+    print(f"compiled {cb.spec.name}: {len(cb.plans)} plans ({len(opts.sizes)} capture sizes x "
           f"{len(cb.generic)} graph modes) in {cb.seconds:.3f} s")
-    cols = ["mode", "bs", "out_graph", "in_graph", "kernels", "host_ops", "bytes_per_step"]
-    rows = cb.summary()
-    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
-    print("  ".join(c.rjust(width[c]) for c in cols))
-    for r in rows:
-        print("  ".join(str(r[c]).rjust(width[c]) for c in cols))
-    print("pass time (s): " + ", ".join(f"{k} {v:.3f}" for k, v in cb.timing.seconds.items()))
+    print(table(cb.summary(), ["mode", "bs", "out_graph", "in_graph", "kernels", "host_ops", "bytes_per_step",
+                               "arena_kib"]))
+    print("time (s, every size): " + ", ".join(f"{k} {v:.3f}" for k, v in cb.timing.seconds.items()))
     if opts.dump_dir:
-        print(f"dumps: {os.path.join(opts.dump_dir, a.backend)}/<mode>-bs<N>/NN-<pass>.ir")
+        run = dumps.find_run(os.path.join(opts.dump_dir, cb.spec.name))
+        print(f"dumps: {run} (attnmeta inspect {run})")
+        if a.report:
+            from .report import write
+
+            print(f"report: {write(run, a.report if isinstance(a.report, str) else None)}")
     return 0
 
 
 def cmd_inspect(a) -> int:
-    root = a.dir
-    if not os.path.isdir(root):
-        print(f"no dump directory {root!r}; create one with: attnmeta compile BACKEND --dump-dir {root}",
-              file=sys.stderr)
-        return 2
-    for dirpath, _, files in sorted(os.walk(root)):
-        irs = sorted(f for f in files if f.endswith(".ir"))
-        if irs:
-            print(f"{os.path.relpath(dirpath, root)}:")
-            for f in sorted(files):
-                print(f"  {f}")
-            if a.diff:
-                import difflib
+    run = dumps.find_run(a.dir)
+    if a.html is not None:
+        from .report import write
 
-                for x, y in zip(irs, irs[1:], strict=False):
-                    with open(os.path.join(dirpath, x)) as fx, open(os.path.join(dirpath, y)) as fy:
-                        d = list(difflib.unified_diff(fx.readlines(), fy.readlines(), x, y, n=0))
-                    print("".join(d) if d else f"  {y}: no change from {x}\n", end="")
+        print(f"report: {write(run, a.html or None)}")
+        return 0
+    print(dumps.pass_table(run, a.mode, a.bs, a.pass_))
+    if a.diff:
+        for mode in [a.mode] if a.mode else dumps.modes(run):
+            for bs in [a.bs] if a.bs is not None else dumps.sizes(run, mode)[:1]:
+                print(f"\n== {mode}, bs {bs} ==")
+                print(dumps.diffs(run, mode, bs, a.pass_), end="")
     return 0
 
 
 def cmd_demo(a) -> int:
     import torch
-
-    from .demo import format_result, run_demo
 
     if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
         raise OptionsError(f"--device {a.device}: this machine has no CUDA device; leave --device out (CPU here)")
@@ -83,15 +141,34 @@ def cmd_demo(a) -> int:
     too_big = [s for s in a.capture_sizes or () if not 1 <= s <= a.max_bs]
     if too_big:
         raise OptionsError(f"--capture-sizes {too_big} are outside 1..--max-bs={a.max_bs}; raise --max-bs or drop them")
+    rc = _kernels(a, torch)
+    if rc is not None:
+        return rc
+    from .demo import format_result, run_demo
+
     kw = {"capture_sizes": tuple(a.capture_sizes)} if a.capture_sizes else {}
     r = run_demo(a.backend, steps=a.steps, max_bs=a.max_bs, device=a.device, seed=a.seed, num_steps=a.num_steps,
-                 topk=a.topk, **kw)
+                 topk=a.topk, progress=_loop, **kw)
     print(format_result(r))
     for f in r.failures[:5]:
         print(f"  mismatch at step {f[0]} (bs {f[1]}): {', '.join(f[2])}")
     ok = r.mismatches == 0 and r.max_abs_diff < 1e-5
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _kernels(a, torch) -> int | None:
+    """--kernels triton on a CPU needs Triton's interpreter, chosen when the process starts: rerun this
+    command in a process that asks for it (this process's own environment stays as it is)."""
+    if a.kernels != "triton" or torch.cuda.is_available():
+        return None
+    from attnmeta.compiler.lowering import triton_kernels
+
+    if triton_kernels.INTERPRET:
+        triton_kernels.set_cpu_kernels("triton")
+        return None
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, "-m", "attnmeta.app.cli", *sys.argv[1:]], env=env).returncode
 
 
 def cmd_bench(a) -> int:
@@ -103,59 +180,99 @@ def cmd_bench(a) -> int:
     if dev == "cpu":
         from attnmeta.compiler.lowering.triton_kernels import set_cpu_kernels
 
-        set_cpu_kernels("torch")  # the Triton interpreter would swamp host time
-        print("note: on a CPU, 'device' work runs on the host too; only GPU numbers show host overhead alone")
-    rows = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len, device=dev)
+        set_cpu_kernels("torch")  # the interpreter would swamp host time
+        print("note: on a CPU, 'device' work runs on the host too; only GPU numbers show host overhead alone; "
+              "kernels run as torch")
+    rows = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len, device=dev,
+                     progress=_loop)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(format_table(rows, name))
     return 0
 
 
+def _version() -> str:
+    try:
+        return version("attnmeta")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default unless its help already says it, or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attnmeta", description=__doc__)
+    fmt = _Defaults
+    p = argparse.ArgumentParser(prog="attnmeta", description=__doc__.split("\n\n")[0],
+                                epilog="examples:" + __doc__.split("examples:")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"attnmeta {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compile", help="compile a backend spec ahead of serving")
+    c = sub.add_parser("compile", help="compile a backend spec ahead of serving", formatter_class=fmt)
     c.add_argument("backend", help=f"a backend ({', '.join(list_backends())}), or your spec as pkg.module:SPEC "
                                    "or path/to/file.py:SPEC")
-    c.add_argument("--modes", nargs="+", default=["decode", "idle"])
-    c.add_argument("--max-bs", type=int, default=256)
-    c.add_argument("--capture-sizes", type=int, nargs="+")
-    c.add_argument("--page-size", type=int, default=1)
-    c.add_argument("--max-context-len", type=int, default=4096)
+    c.add_argument("--modes", nargs="+", default=["decode", "idle"], choices=MODES, help="forward modes to compile")
+    c.add_argument("--max-bs", type=int, default=256, help="the largest batch; static buffers are sized for it")
+    c.add_argument("--capture-sizes", type=int, nargs="+", help="batch sizes to compile for capture "
+                                                                "(default: 1 2 4 8 12 16 24 ... up to --max-bs)")
+    c.add_argument("--page-size", type=int, default=1, help="KV page size (a power of two)")
+    c.add_argument("--max-context-len", type=int, default=4096, help="tokens per request at most (L)")
     c.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     c.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
     c.add_argument("--num-draft-tokens", type=int, default=4, help="tokens verified per request (target_verify)")
-    c.add_argument("--dump-dir", help="write NN-<pass>.ir/.dot and lowered code per (mode, bs); "
-                                      "also ATTNMETA_DUMP_DIR")
+    c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "
+                                      "there (also ATTNMETA_DUMP_DIR)")
+    c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")
+    c.add_argument("--dump-modes", nargs="+", choices=MODES, help="modes to dump (default: all)")
+    c.add_argument("--report", nargs="?", const=True, metavar="FILE", help="also write the HTML report (default "
+                                                                           "FILE: <run>/report.html)")
     c.add_argument("--print-after-all", action="store_true", help="print the IR after every pass (stderr)")
     c.add_argument("--print-after-change", action="store_true", help="print the IR after passes that changed it")
+    c.add_argument("--print-after", nargs="+", choices=PASSES, metavar="PASS", help="print the IR after these passes")
+    c.add_argument("--print-before", nargs="+", choices=PASSES, metavar="PASS", help="print the IR before these passes")
+    c.add_argument("--no-print-after-failure", action="store_true", help="do not print the IR a pass failed on")
     c.add_argument("--disable-pass", nargs="+", metavar="PASS", help="skip passes by name, to bisect")
     c.add_argument("--force", action="store_true", help="allow --disable-pass to switch off a safety pass "
                                                         "(verify, check-split)")
     c.add_argument("--verify-each", action="store_true", help="run the verifier after every pass")
     c.set_defaults(fn=cmd_compile)
-    i = sub.add_parser("inspect", help="list pass dumps and what each pass changed")
-    i.add_argument("dir")
-    i.add_argument("--diff", action="store_true", help="show the diff between consecutive passes")
+    i = sub.add_parser("inspect", help="what a compile did: the pass table, diffs, an HTML report", formatter_class=fmt)
+    i.add_argument("dir", help="a dump directory, a backend's folder in it, or one run folder")
+    i.add_argument("--diff", action="store_true", help="show what each pass changed (one mode and size)")
+    i.add_argument("--mode", choices=MODES, help="only this mode")
+    i.add_argument("--bs", type=int, help="only this batch size (default with --diff: the first dumped)")
+    i.add_argument("--pass", dest="pass_", choices=PASSES + ["lower"], help="only this pass")
+    i.add_argument("--html", nargs="?", const="", metavar="FILE", help="write the HTML report (default "
+                                                                       "<run>/report.html)")
     i.set_defaults(fn=cmd_inspect)
-    d = sub.add_parser("demo", help="serving loop on the default backend, checked against eager every step")
+    d = sub.add_parser("demo", help="a serving loop, every step checked against the eager twin and a pool oracle",
+                       formatter_class=fmt)
     d.add_argument("--backend", default="flashinfer", choices=list_backends(),
                    help="the backend whose metadata the loop's attention reads; multistep_* and "
                         "flashattention_draft run the EAGLE drafter's steps")
     d.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     d.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
-    d.add_argument("--steps", type=int, default=120)
-    d.add_argument("--max-bs", type=int, default=48)
+    d.add_argument("--steps", type=int, default=120, help="serving steps to run")
+    d.add_argument("--max-bs", type=int, default=48, help="the largest batch")
     d.add_argument("--capture-sizes", type=int, nargs="+", help="default: 1 2 4 8 16 24 32 (up to --max-bs)")
-    d.add_argument("--device", default=None)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
+    d.add_argument("--kernels", choices=["torch", "triton"], default="torch",
+                   help="on a CPU: kernels as torch, or in Triton's interpreter (slow; what the tests check)")
+    d.add_argument("--seed", type=int, default=0, help="the scheduler's random seed")
     d.set_defaults(fn=cmd_demo)
-    be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin")
+    be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin",
+                        formatter_class=fmt)
     be.add_argument("--backend", default="flashinfer", choices=["flashinfer", "flashattention", "triton"])
-    be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256])
-    be.add_argument("--iters", type=int, default=300)
-    be.add_argument("--max-context-len", type=int, default=4096)
-    be.add_argument("--device", default=None)
+    be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
+    be.add_argument("--iters", type=int, default=300, help="timed steps per size and column")
+    be.add_argument("--max-context-len", type=int, default=4096, help="L")
+    be.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     be.set_defaults(fn=cmd_bench)
     return p
 

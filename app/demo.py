@@ -40,7 +40,8 @@ class DemoResult:
 
 def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, max_context_len: int = 256,
              capture_sizes=(1, 2, 4, 8, 16, 24, 32), device: str | None = None, seed: int = 0,
-             num_steps: int = 3, topk: int = 1) -> DemoResult:
+             num_steps: int = 3, topk: int = 1, progress=lambda xs, *a, **k: xs) -> DemoResult:
+    """``progress`` wraps the step loop (the CLI passes a progress bar)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     capture_sizes = tuple(s for s in capture_sizes if s <= max_bs) or (max_bs,)
     res = DemoResult(backend, str(dev), captured=tuple(capture_sizes))
@@ -77,7 +78,7 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
         eager = get_eager(backend)(sim.req_to_token, max_bs)  # page size 1: the demo's pool is token-granular
     runner.capture()
     t1 = time.perf_counter()
-    for step in range(steps):
+    for step in progress(range(steps), f"demo {backend}", unit="step"):
         fb, q = sim.step()
         if dsv4 and fb.batch_size:  # the slot the decoded token's KV is written to
             fb.out_cache_loc = sim.req_to_token[fb.req_pool_indices, fb.seq_lens.long() - 1].long()

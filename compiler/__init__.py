@@ -1,5 +1,8 @@
 """attnmeta.compiler: specs in, per-(mode, bs) plans out."""
 
+import os as _os
+
+from . import logs as _logs
 from .compile import CompiledBackend, compile_backend
 from .ir.errors import AttnmetaError, Diagnostic, InternalError, OptionsError, UnknownName, UserError
 from .modes import ForwardMode
@@ -8,6 +11,9 @@ from .passes.check_split import RULES, SplitError, Violation
 from .passes.check_split import check_split_graph as check_split
 from .pipeline import GENERIC_PASSES, PER_BS_PASSES, PassError
 from .spec import BackendSpec, get_spec, list_backends, register_backend
+
+if _os.environ.get("ATTNMETA_LOGS"):  # opt-in only: otherwise the application's logging setup decides
+    _logs.configure()
 
 __all__ = [
     "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "AttnmetaError", "BackendSpec", "CompileOptions", "CompiledBackend",

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from .instruments import DisablePasses, DumpDir, Instrument, Timing, VerifyEach
+from .dumps import DumpDir, Selection
+from .instruments import DisablePasses, Instrument, Timing, VerifyEach
 from .ir import Graph, Op, Region
 from .ir.errors import OptionsError, UnknownName
 from .ir.graph import Space
@@ -120,6 +121,16 @@ def check_disabled(options: CompileOptions) -> None:
                            "CUDA-graph rules would compile and serve wrong metadata; add --force to do it anyway")
 
 
+def _describe(o: CompileOptions) -> str:
+    return (f"max_bs={o.max_bs} sizes={list(o.sizes)} modes={[m.name.lower() for m in o.modes]} P={o.page_size} "
+            f"L={o.max_context_len} D={o.num_draft_tokens} S={o.num_steps} K={o.topk}")
+
+
+def dump_selection(options: CompileOptions) -> Selection:
+    """The sizes and modes dumps cover: those named, else the largest captured size, every mode."""
+    return Selection(options.dump_modes, options.dump_bs or (max(options.sizes),))
+
+
 def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | None = None,
                     instruments: Sequence[Instrument] = ()) -> CompiledBackend:
     """Compile a backend spec (or a registered name, or ``pkg.module:SPEC``) for every (mode,
@@ -138,9 +149,11 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if options.disabled_passes:
         inst.append(DisablePasses(options.disabled_passes))
     if options.dump_dir:
-        inst.append(DumpDir(options.dump_dir, spec.name))
+        inst.append(DumpDir(options.dump_dir, spec.name, dump_selection(options), _describe(options)))
     t0 = time.perf_counter()
     s = compile_spec(spec, options, inst)
+    for i in inst:
+        i.finish(timing.seconds)
     log.info("compiled %s: %d plans in %.3f s", spec.name, len(s.plans), time.perf_counter() - t0)
     return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable,
                            time.perf_counter() - t0)

@@ -1,16 +1,14 @@
 """Pass instruments: observe the pipeline from outside, so passes carry no
-debug code. Hooks: ``should_run``, ``before``, ``after``."""
+debug code. Dumps are in dumps.py."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import TextIO
 
 from .ir import Graph, print_graph
 from .ir import verify as verify_graph
-from .ir.dot import to_dot
 from .passes.registry import PassContext
 
 
@@ -33,6 +31,12 @@ class Instrument:
     def lowered(self, plan, ctx: PassContext, seconds: float) -> None:
         pass
 
+    def failed(self, name: str, g: Graph, ctx: PassContext, error: BaseException) -> None:
+        """Pass ``name`` raised on ``g`` (its input)."""
+
+    def finish(self, timing: dict[str, float]) -> None:
+        """The compile is done; ``timing``: seconds per pass over every size."""
+
 
 class VerifyEach(Instrument):
     """Run the verifier after every pass (always on in tests)."""
@@ -51,17 +55,41 @@ class DisablePasses(Instrument):
         return name not in self.names
 
 
-class PrintAfterAll(Instrument):
-    def __init__(self, stream: TextIO = sys.stderr, only_changes: bool = False):
-        self.stream, self.only_changes, self._prev = stream, only_changes, None
+class PrintIR(Instrument):
+    """Print the IR around passes to a stream: after every pass (``after=None``), after the named
+    ones, before the named ones, only where a pass changed it, and the input of a pass that failed;
+    for the selected modes and sizes (``select``, dumps.Selection: every one by default)."""
+
+    def __init__(self, stream: TextIO = sys.stderr, after=None, before=(), only_changes: bool = False,
+                 on_failure: bool = True, select=None):
+        self.stream, self.after_names, self.before_names = stream, after, set(before)
+        self.only_changes, self.on_failure, self.select, self._prev = only_changes, on_failure, select, None
+
+    def _covers(self, ctx) -> bool:
+        return self.select is None or self.select.covers(ctx)
+
+    def _print(self, what: str, name: str, g: Graph, ctx) -> None:
+        where = ctx.mode.name.lower() + ("" if ctx.bs is None else f", bs={ctx.bs}")
+        self.stream.write(f"// -----// IR Dump {what} {name} ({where}) //----- //\n{print_graph(g)}")
 
     def before(self, name, g, ctx):
         self._prev = g
+        if name in self.before_names and self._covers(ctx):
+            self._print("Before", name, g, ctx)
 
     def after(self, name, g, ctx):
-        if self.only_changes and g == self._prev:
-            return
-        self.stream.write(f"// after {name} ({ctx.mode.name.lower()}, bs={ctx.bs})\n{print_graph(g)}")
+        wanted = self.after_names is None or name in self.after_names
+        if wanted and self._covers(ctx) and not (self.only_changes and g == self._prev):
+            self._print("After", name, g, ctx)
+
+    def failed(self, name, g, ctx, error):
+        if self.on_failure:
+            self._print("Before failed", name, g, ctx)
+
+
+def PrintAfterAll(stream: TextIO = sys.stderr, only_changes: bool = False) -> PrintIR:  # noqa: N802
+    """The IR after every pass (or every pass that changed it)."""
+    return PrintIR(stream, only_changes=only_changes, on_failure=False)
 
 
 class Timing(Instrument):
@@ -79,59 +107,3 @@ class Timing(Instrument):
 
     def lowered(self, plan, ctx, seconds):
         self.seconds["lower"] = self.seconds.get("lower", 0.0) + seconds
-
-
-def dump_path(root: str, backend: str, ctx: PassContext, bs: int) -> str:
-    return os.path.join(root, backend, f"{ctx.mode.name.lower()}-bs{bs}")
-
-
-class DumpDir(Instrument):
-    """Writes ``<root>/<backend>/<mode>-bs<N>/NN-<pass>.ir`` and ``.dot``.
-
-    Mode-generic passes run once per mode, before any bs exists; their dumps
-    are kept and written at the head of each bs folder, so every folder holds
-    the whole history and ``ls`` shows the pipeline order.
-    """
-
-    def __init__(self, root: str, backend: str):
-        self.root, self.backend = root, backend
-        self._generic: dict[str, list[tuple[str, Graph]]] = {}
-        self._count: dict[str, int] = {}
-
-    def start(self, g: Graph, ctx: PassContext) -> None:
-        self._generic[ctx.mode.name] = [("spec", g)]
-
-    def _write(self, d: str, name: str, g: Graph) -> None:
-        n = self._count.get(d, 0)
-        self._count[d] = n + 1
-        base = os.path.join(d, f"{n:02d}-{name}")
-        with open(base + ".ir", "w") as f:
-            f.write(print_graph(g))
-        with open(base + ".dot", "w") as f:
-            f.write(to_dot(g))
-
-    def folder(self, ctx: PassContext) -> str:
-        assert ctx.bs is not None
-        d = dump_path(self.root, self.backend, ctx, ctx.bs)
-        if d not in self._count:
-            os.makedirs(d, exist_ok=True)
-            for stale in os.listdir(d):  # only ever delete what this instrument writes
-                if stale[:2].isdigit() and stale.endswith((".ir", ".dot", ".py")):
-                    os.remove(os.path.join(d, stale))
-            self._count[d] = 0
-            for name, g in self._generic.get(ctx.mode.name, []):
-                self._write(d, name, g)
-        return d
-
-    def after(self, name, g, ctx):
-        if ctx.bs is None:
-            self._generic.setdefault(ctx.mode.name, []).append((name, g))
-        else:
-            self._write(self.folder(ctx), name, g)
-
-    def lowered(self, plan, ctx, seconds) -> None:
-        d = self.folder(ctx)
-        n = self._count[d]
-        self._count[d] = n + 1
-        with open(os.path.join(d, f"{n:02d}-lowered.py"), "w") as f:
-            f.write(plan.code())

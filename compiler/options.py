@@ -38,6 +38,9 @@ class CompileOptions:
     topk: int = 1
     num_steps: int = 3
     dump_dir: str | None = None
+    # which sizes and modes the dumps cover: () = the largest captured size, every mode
+    dump_bs: tuple[int, ...] = attrs.field(default=(), converter=_sizes)
+    dump_modes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     # verify after every pass: on in tests (tests/conftest.py sets ATTNMETA_VERIFY=1), off when serving
     verify_each: bool = attrs.field(factory=lambda: os.environ.get("ATTNMETA_VERIFY", "0") == "1")
     disabled_passes: tuple[str, ...] = attrs.field(default=(), converter=tuple)

@@ -77,9 +77,13 @@ def run_passes(g: Graph, names: Sequence[str], ctx: PassContext, instruments: Se
             i.before(name, g, ctx)
         try:
             out = get_pass(name)(g, ctx)
-        except UserError:
+        except UserError as e:
+            for i in instruments:
+                i.failed(name, g, ctx, e)
             raise  # the spec, not the pass, is wrong
         except Exception as e:
+            for i in instruments:
+                i.failed(name, g, ctx, e)
             raise PassError(name, ran, g.name, e, write_repro(g, name, ctx)) from e
         g = out
         try:

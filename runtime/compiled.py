@@ -96,7 +96,11 @@ class CompiledAttentionBackend(AttentionBackend):
             b = self.bound(fb.forward_mode, bs)
         if raw > bs:
             raise BatchError(f"the batch has {raw} live rows but is padded to {bs}; pad to at least {raw}")
-        b.stager.stage(fb, bs, raw, in_capture)
+        try:
+            b.stager.stage(fb, bs, raw, in_capture)
+        except BatchError as e:
+            log.info("refused a %s batch: %s", fb.forward_mode.name.lower(), e)
+            raise
         self.planning = b
         if b.crossing or b.binding.planned:
             results = b.out_fn(*b.out_args)

@@ -17,17 +17,19 @@ SPECIALIZE = DUMPS[PASSES.index("specialize-batch")]
 
 def test_compile_writes_ordered_dumps(tmp_path, capsys):
     assert main(["compile", "flashinfer", "--max-bs", "16", "--capture-sizes", "1", "8", "16",
-                 "--dump-dir", str(tmp_path)]) == 0
+                 "--dump-dir", str(tmp_path), "--dump-bs", "8"]) == 0
     out = capsys.readouterr().out
     assert "compiled flashinfer: 3 plans" in out and "bytes_per_step" in out
-    d = tmp_path / "flashinfer" / "decode-bs8"
-    files = sorted(os.listdir(d))
-    assert [f for f in files if f.endswith(".ir")] == [f"{x}.ir" for x in DUMPS]
+    mode = tmp_path / "flashinfer" / "latest" / "decode"  # the generic passes once, then bs8's own
+    generic = sorted(f for f in os.listdir(mode) if f.endswith(".ir"))
+    per_size = sorted(f for f in os.listdir(mode / "bs8") if f.endswith(".ir"))
+    assert generic + per_size == [f"{x}.ir" for x in DUMPS]
+    assert not (mode / "bs16").exists()  # only the selected size
     lowered = f"{len(DUMPS):02d}-lowered.py"
-    assert lowered in files and f"{SPECIALIZE}.dot" in files
-    g = parse((d / f"{SPECIALIZE}.ir").read_text())  # dumps parse back
+    assert lowered in os.listdir(mode / "bs8") and "graph.dot" in os.listdir(mode / "bs8")
+    g = parse((mode / "bs8" / f"{SPECIALIZE}.ir").read_text())  # dumps parse back
     assert g.env["bs"] == 8
-    assert "def forward" in (d / lowered).read_text()
+    assert "def in_graph" in (mode / "bs8" / lowered).read_text()
 
 
 def test_inspect_lists_and_diffs(tmp_path, capsys):
@@ -35,7 +37,7 @@ def test_inspect_lists_and_diffs(tmp_path, capsys):
     capsys.readouterr()
     assert main(["inspect", str(tmp_path), "--diff"]) == 0
     out = capsys.readouterr().out
-    assert "flashinfer/decode-bs2:" in out
+    assert "== decode, bs 2 ==" in out  # the largest captured size, dumped by default
     assert f"+++ {SPECIALIZE}.ir" in out and "-  %kv_indptr = cumsum(%seq_lens)" in out
 
 
@@ -53,7 +55,7 @@ def test_bad_options_are_one_line_errors(capsys):
 def test_compile_multistep_with_branches(tmp_path, capsys):
     assert main(["compile", "multistep_triton", "--max-bs", "4", "--capture-sizes", "4", "--topk", "2",
                  "--num-steps", "2", "--max-context-len", "64", "--dump-dir", str(tmp_path)]) == 0
-    text = (tmp_path / "multistep_triton" / "decode-bs4" / f"{SPECIALIZE}.ir").read_text()
+    text = (tmp_path / "multistep_triton" / "latest" / "decode" / "bs4" / f"{SPECIALIZE}.ir").read_text()
     assert "%step1_kv_indptr = cumsum(%step1_seq_lens) {leading_zero=true} : i32[9]" in text  # 4 x 2 rows
     assert main(["compile", "multistep_triton", "--max-bs", "4", "--topk", "3", "--num-steps", "30",
                  "--max-context-len", "64"]) == 2
@@ -65,8 +67,9 @@ def test_dump_dir_from_environment(tmp_path):
     r = subprocess.run([sys.executable, "-m", "attnmeta.app.cli", "compile", "flashinfer", "--max-bs", "2",
                         "--capture-sizes", "1"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "flashinfer" / "idle-bs1").exists() is False  # IDLE shares DECODE's plan
-    assert (tmp_path / "flashinfer" / "decode-bs1" / f"{DUMPS[-1]}.ir").exists()
+    run = tmp_path / "flashinfer" / "latest"
+    assert not (run / "idle").exists()  # IDLE shares DECODE's plan
+    assert (run / "decode" / "bs1" / f"{DUMPS[-1]}.ir").exists()  # the largest captured size
 
 
 def test_demo_short_run(capsys):

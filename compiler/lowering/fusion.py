@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import tempfile
 
 import attrs
@@ -22,6 +23,8 @@ import attrs
 from ..ir import Graph
 from ..passes.rowforms import ROWFORMS
 from .places import LoweringError
+
+_VAR = re.compile(r"^\s+([a-z]+)_(\d+) = ")  # an emitted variable: <form>_<positional id> = ...
 
 
 @attrs.frozen
@@ -33,6 +36,23 @@ class FusedKernel:
     row_arg: str  # an argument read per row: its length is the launch's row count
     outs: tuple[str, ...]  # values the kernel stores
     meta: tuple[tuple[str, int], ...]  # constexpr block sizes (BLOCK added at launch)
+    values: tuple[str, ...] = ()  # the IR value behind each positional name: _<k> is values[k]
+    notes: tuple[tuple[str, str], ...] = ()  # variables that are no IR value: what they are
+
+    def annotated(self, origins: dict[str, str]) -> str:
+        """The source with every variable's IR value and spec line as a comment (for people: the
+        compiled source stays positional, so equal programs share one compiled kernel)."""
+        lines, notes = [], dict(self.notes)
+        for line in self.source.splitlines():
+            m = _VAR.match(line)
+            k = m and m.group(2)
+            if m and f"{m.group(1)}_{k}" in notes:
+                line = f"{line}  # {notes[m.group(1) + '_' + k]}"
+            elif k is not None and int(k) < len(self.values):
+                v = self.values[int(k)]
+                line = f"{line}  # %{v}" + (f" ({origins[v]})" if origins.get(v) else "")
+            lines.append(line)
+        return "\n".join(lines) + "\n"
 
 
 class _Emitter:
@@ -45,6 +65,7 @@ class _Emitter:
         self.memo: dict[tuple[str, str], str] = {}
         self.meta: dict[str, int] = {}
         self.alias: dict[str, str] = {}
+        self.notes: dict[str, str] = {}
         self.row_args: list[str] = []
 
     def nm(self, x: str) -> str:
@@ -56,8 +77,10 @@ class _Emitter:
             self.args.append(x)
         return f"p_{self.nm(x)}"
 
-    def emit(self, name: str, expr: str) -> str:
+    def emit(self, name: str, expr: str, note: str = "") -> str:
         self.lines.append(f"    {name} = {expr}")
+        if note:
+            self.notes[name] = note
         return name
 
     # --- value forms (the row forms in passes/rowforms.py call these) ---
@@ -103,8 +126,9 @@ class _Emitter:
 
     def row(self, table: str, row: str) -> str:
         """A row index guarded on device: one outside the table reads row 0 (reserved, like padding)."""
-        r = self.emit(f"rw_{len(self.lines)}", f"{row}.to(tl.int64)")
-        return self.emit(f"rg_{len(self.lines)}", f"tl.where(({r} >= 0) & ({r} < nrows_{self.nm(table)}), {r}, 0)")
+        r = self.emit(f"rw_{len(self.lines)}", f"{row}.to(tl.int64)", f"a row of %{table}")
+        return self.emit(f"rg_{len(self.lines)}", f"tl.where(({r} >= 0) & ({r} < nrows_{self.nm(table)}), {r}, 0)",
+                         f"the row of %{table}, guarded: outside the table reads row 0")
 
     def _make(self, x: str, f: str) -> str:
         t = self.types[x]
@@ -157,7 +181,9 @@ def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
             "import triton\nimport triton.language as tl\n\n\n")
     fn = f"fused_{hashlib.sha1((head + text).encode()).hexdigest()[:12]}"  # the file's name: all of its text
     src = head + text.replace("KERNEL", fn, 1)
-    return FusedKernel(src, fn, tuple(e.args), tuple(e.tables), e.row_args[0], tuple(outs), tuple(meta))
+    values = tuple(sorted(e.alias, key=lambda v: int(e.alias[v])))
+    return FusedKernel(src, fn, tuple(e.args), tuple(e.tables), e.row_args[0], tuple(outs), tuple(meta), values,
+                       tuple(sorted(e.notes.items())))
 
 
 _LOADED: dict[str, object] = {}

@@ -10,6 +10,7 @@ not captured, the batch runs eagerly.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import Counter
 
 import torch
@@ -21,6 +22,8 @@ from ..backend import AttentionBackend
 from ..forward import ForwardBatch, ReplayView
 from ..graphs import new_graph
 from ..models import DecodeModel
+
+log = logging.getLogger("attnmeta.runtime")
 
 
 class StaleOutputError(UserError, RuntimeError):
@@ -111,12 +114,17 @@ class GraphRunner:
         bs = self.padded_size(raw)
         if key not in self.modes or bs is None:
             self.stats["eager"] += 1
+            log.info("%s batch of %d rows runs eagerly: %s", fb.forward_mode.name.lower(), raw,
+                     "its mode was not captured" if key not in self.modes else f"more than the largest captured size "
+                     f"{self.sizes[-1]}")
             self.backend.init_forward_metadata(fb)
             self.model.prepare(q[:raw], raw)
             return self.model.forward(self.backend.forward_metadata, raw)[:raw]
         self.stats["replay"] += 1
         self.stats[f"bs{bs}"] += 1
         self.stats["padded_rows"] += bs - raw
+        if bs != raw and log.isEnabledFor(logging.DEBUG):
+            log.debug("%s batch of %d rows padded to the captured size %d", fb.forward_mode.name.lower(), raw, bs)
         view = ReplayView.of(fb, bs)
         self.backend.init_forward_metadata_out_graph(view)
         self.model.prepare(q[:raw], bs)

@@ -53,3 +53,36 @@ def test_sizes_sharing_a_skeleton_lower_as_they_would_alone(backend):
         alone = fx.lower(plan.graph, mode, cb.stable[mode], cb.layout.base(mode), cb.options.max_bs)
         assert alone.code() == plan.code(), (mode, bs)
         assert alone.binding == plan.binding, (mode, bs)
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "triton", "dsv4", "tbo_triton", "multistep_flashinfer",
+                                     "flashattention_draft"])
+def test_the_dumped_lowered_file_runs_on_its_own_and_computes_the_plan(backend, tmp_path):
+    """NN-lowered.py: run as a script in a fresh process, and its main()'s fields equal the reference
+    interpreter on the inputs main() made."""
+    import runpy
+    import subprocess
+    import sys
+
+    import torch
+
+    from attnmeta.compiler.ir import eval_graph
+
+    cb = compile_backend(backend, CompileOptions(max_bs=8, capture_sizes=(3, 8), max_context_len=600,
+                                                 dump_dir=str(tmp_path)))
+    run = tmp_path / backend / "latest"
+    (script,) = sorted((run / "decode" / "bs8").glob("*-lowered.py"))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("\n") == len(cb.plan(ForwardMode.DECODE, 8).binding.fields)  # one line per field
+    inputs, fields = runpy.run_path(str(script))["main"]()
+    plan = cb.plan(ForwardMode.DECODE, 8)
+    want = eval_graph(plan.graph, inputs)
+    ragged = {o.field: o.ragged_by for o in plan.graph.outputs}
+    for field, w in want.items():
+        if isinstance(w, torch.Tensor) and field in fields:
+            got = fields[field].cpu().reshape(w.shape) if fields[field].numel() == w.numel() else fields[field].cpu()
+            if ragged.get(field):
+                n = int(want[ragged[field]][-1])
+                got, w = got[:n], w[:n]
+            assert torch.equal(got, w), field

@@ -50,8 +50,8 @@ def test_print_after_change_prints_only_changes():
     compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2,)),
                     instruments=[PrintAfterAll(out, only_changes=True)])
     text = out.getvalue()
-    assert "// after specialize-batch" in text and "// after pack-inputs" in text
-    assert "// after check-split" not in text and "// after verify" not in text
+    assert "IR Dump After specialize-batch (decode, bs=2)" in text and "IR Dump After pack-inputs (decode)" in text
+    assert "IR Dump After check-split" not in text and "IR Dump After verify" not in text
 
 
 def test_timing_covers_every_pass_that_ran():

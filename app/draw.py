@@ -1,0 +1,71 @@
+"""A graph as SVG for the report: Graphviz's ``dot`` when it is installed (the DOT text of
+``compiler/ir/dot.py``), else a layered layout of our own (networkx's topological generations),
+so the report shows the graph on any machine. Either way: regions by colour, fused kernels
+framed, every node's attributes and spec line in its tooltip."""
+
+from __future__ import annotations
+
+import html
+import shutil
+import subprocess
+
+import networkx as nx
+
+from attnmeta.compiler.ir import Graph
+from attnmeta.compiler.ir.dot import REGION_COLOR, to_dot
+
+KERNEL = ["#2a7", "#27a", "#a52", "#72a", "#aa2", "#2aa"]
+W, H, GX, GY = 230, 46, 26, 38
+
+
+def svg(g: Graph, use_dot: bool = True) -> str:
+    if use_dot and shutil.which("dot"):
+        r = subprocess.run(["dot", "-Tsvg"], input=to_dot(g), capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 and "<svg" in r.stdout:
+            return r.stdout[r.stdout.index("<svg"):]
+    return layered(g)
+
+
+def layered(g: Graph) -> str:
+    """Nodes in rows by dependency depth (inputs on top, outputs at the bottom), edges as lines."""
+    dag = g.to_nx()
+    for o in g.outputs:
+        dag.add_edge(o.value, f"out:{o.field}")
+    rows = [sorted(layer) for layer in nx.topological_generations(dag)]
+    pos = {v: (GX + k * (W + GX), GY + r * (H + GY)) for r, layer in enumerate(rows) for k, v in enumerate(layer)}
+    width = GX + max(len(layer) for layer in rows) * (W + GX)
+    height = GY + len(rows) * (H + GY)
+    kinds = {n.name: n for n in g.nodes}
+    inputs = {i.name: i for i in g.inputs}
+    kernel_of = g.kernel_of()
+    color = {k: KERNEL[i % len(KERNEL)] for i, k in enumerate(sorted(set(kernel_of.values())))}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">']
+    for a, b in dag.edges:
+        (x1, y1), (x2, y2) = pos[a], pos[b]
+        out.append(f'<line x1="{x1 + W / 2}" y1="{y1 + H}" x2="{x2 + W / 2}" y2="{y2}" stroke="#999"/>')
+    for kernel, c in color.items():  # a frame around each fused kernel's nodes
+        xs = [pos[n] for n, k in kernel_of.items() if k == kernel and n in pos]
+        if xs:
+            x0, y0 = min(p[0] for p in xs) - 6, min(p[1] for p in xs) - 14
+            x1, y1 = max(p[0] for p in xs) + W + 6, max(p[1] for p in xs) + H + 6
+            out.append(f'<rect x="{x0}" y="{y0}" width="{x1 - x0}" height="{y1 - y0}" fill="none" stroke="{c}" '
+                       f'stroke-width="2" stroke-dasharray="6 3" rx="8"/><text x="{x0 + 4}" y="{y0 + 10}" '
+                       f'fill="{c}">fused kernel {kernel}</text>')
+    for v, (x, y) in pos.items():
+        if v in kinds:
+            n = kinds[v]
+            fill, label = REGION_COLOR[n.region], f"%{n.name} = {n.op.value}"
+            tip = f"{n.op.value} {dict(n.attrs)} : {n.type} {n.region.value}\n{n.origin}"
+            sub = str(n.type)
+        elif v in inputs:
+            fill, label, sub = "#e8e8ff", f"{v} ({inputs[v].role.value})", str(inputs[v].type)
+            tip = inputs[v].origin
+        else:
+            fill, label, sub, tip = "#ffffff", v.removeprefix("out:"), "metadata field", ""
+        stroke = color.get(kernel_of.get(v, ""), "#555")
+        out.append(f'<g><title>{html.escape(tip)}</title><rect x="{x}" y="{y}" width="{W}" height="{H}" '
+                   f'fill="{fill}" stroke="{stroke}" rx="4"/><text x="{x + 6}" y="{y + 18}">{html.escape(label[:36])}'
+                   f'</text><text x="{x + 6}" y="{y + 34}" fill="#444">{html.escape(sub[:36])}</text></g>')
+    out.append("</svg>")
+    return "\n".join(out)

@@ -1,0 +1,83 @@
+"""``attnmeta inspect``: read a compile's dumps. The pass table first; diffs on request, for one
+mode and size (the generic passes have no size); an HTML report (report.py)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+
+from attnmeta.compiler import OptionsError
+
+from .table import table
+
+
+def find_run(path: str) -> str:
+    """The run folder ``path`` names: itself, its ``latest`` (a backend folder), or the single
+    backend's ``latest`` (a dump root)."""
+    if not os.path.isdir(path):
+        raise OptionsError(f"no dump directory {path!r}; create one with: attnmeta compile BACKEND --dump-dir {path}")
+    if os.path.exists(os.path.join(path, "passes.json")):
+        return path
+    if os.path.isdir(os.path.join(path, "latest")):
+        return os.path.realpath(os.path.join(path, "latest"))
+    backends = [d for d in sorted(os.listdir(path)) if os.path.isdir(os.path.join(path, d, "latest"))]
+    if len(backends) == 1:
+        return os.path.realpath(os.path.join(path, backends[0], "latest"))
+    if backends:
+        raise OptionsError(f"{path!r} holds dumps of {backends}; name one: attnmeta inspect {path}/{backends[0]}")
+    raise OptionsError(f"{path!r} holds no attnmeta dumps (no passes.json, no latest run)")
+
+
+def load(run: str) -> dict:
+    with open(os.path.join(run, "passes.json")) as f:
+        return json.load(f)
+
+
+def pass_table(run: str, mode: str | None = None, bs: int | None = None, pass_: str | None = None) -> str:
+    rows = []
+    for r in load(run)["passes"]:
+        if (mode and r["mode"] != mode) or (bs is not None and r["bs"] not in (bs, None)) or (
+                pass_ and r["pass"] != pass_):
+            continue
+        nodes = f"{r['nodes_before']} -> {r['nodes_after']}" if r["nodes_before"] is not None else r["nodes_after"]
+        rows.append({"pass": r["pass"], "mode": r["mode"], "bs": r["bs"], "changed": r["changed"], "nodes": nodes,
+                     "ms": round(r["seconds"] * 1000, 2), "kernels": r["kernels"]})
+    return table(rows, ["pass", "mode", "bs", "changed", "nodes", "ms", "kernels"], title=f"run {run}")
+
+
+def stages(run: str, mode: str, bs: int | None) -> list[tuple[str, str]]:
+    """(file, path) of every .ir of one mode in pipeline order: its generic passes, then one size's."""
+    d = os.path.join(run, mode)
+    if not os.path.isdir(d):
+        raise OptionsError(f"no dumps of mode {mode!r} in {run}; modes: {modes(run)}")
+    files = [(f, os.path.join(d, f)) for f in sorted(os.listdir(d)) if f.endswith(".ir")]
+    if bs is not None:
+        sd = os.path.join(d, f"bs{bs}")
+        if not os.path.isdir(sd):
+            raise OptionsError(f"no dumps of bs {bs} in {d}; sizes dumped: {sizes(run, mode)} (--dump-bs)")
+        files += [(f, os.path.join(sd, f)) for f in sorted(os.listdir(sd)) if f.endswith(".ir")]
+    return files
+
+
+def modes(run: str) -> list[str]:
+    return sorted(d for d in os.listdir(run) if os.path.isdir(os.path.join(run, d)))
+
+
+def sizes(run: str, mode: str) -> list[int]:
+    d = os.path.join(run, mode)
+    return sorted(int(x[2:]) for x in os.listdir(d) if x.startswith("bs") and os.path.isdir(os.path.join(d, x)))
+
+
+def diffs(run: str, mode: str, bs: int | None, pass_: str | None = None) -> str:
+    """What each pass changed, as unified diffs (only ``pass_`` when given)."""
+    out = []
+    files = stages(run, mode, bs)
+    for (x, px), (y, py) in zip(files, files[1:], strict=False):
+        if pass_ and not y.split("-", 1)[1].startswith(pass_ + "."):
+            continue
+        with open(px) as fx, open(py) as fy:
+            a, b = fx.readlines()[1:], fy.readlines()[1:]  # past the header line
+        d = list(difflib.unified_diff(a, b, x, y, n=0))
+        out.append("".join(d) if d else f"{y}: no change from {x}\n")
+    return "".join(out)

@@ -1,0 +1,40 @@
+"""Logging: standard ``logging``, one named logger per part, switched on in the spirit of TORCH_LOGS.
+
+    ATTNMETA_LOGS=compile,runtime      INFO from those parts (to stderr)
+    ATTNMETA_LOGS=+runtime,staging     + for DEBUG (every plan bound, every padded step)
+    ATTNMETA_LOGS=all                  every part
+
+Parts: ``compile`` (what compiled, sizes compiled on demand), ``runtime`` (plans bound, eager
+fallbacks, padding, refused batches), ``staging`` (what a step staged). Without the variable
+attnmeta configures nothing: an application's own logging setup decides, as for any library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .ir.errors import OptionsError
+
+PARTS = ("compile", "runtime", "staging")
+
+
+def configure(spec: str | None = None) -> list[str]:
+    """Apply an ATTNMETA_LOGS value (``spec``, else the variable); returns the loggers switched on."""
+    spec = os.environ.get("ATTNMETA_LOGS", "") if spec is None else spec
+    on = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        debug = item.startswith("+")
+        name = item.lstrip("+")
+        for part in PARTS if name == "all" else (name,):
+            if part not in PARTS:
+                raise OptionsError(f"ATTNMETA_LOGS: unknown part {name!r}; parts: {', '.join(PARTS)}, all")
+            logging.getLogger(f"attnmeta.{part}").setLevel(logging.DEBUG if debug else logging.INFO)
+            on.append(f"attnmeta.{part}")
+    root = logging.getLogger("attnmeta")
+    if on and not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        root.addHandler(handler)
+        root.propagate = False
+    return on
