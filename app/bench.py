@@ -8,12 +8,19 @@
 - validate: the part of ``stage`` that checks the batch at the boundary
   (every live value against its range), timed alone.
 
+A backend with a host planner (flashinfer) runs, in both the compiled and the
+eager column, FlashInfer's real ``plan()`` where FlashInfer is installed on a
+GPU (graph-mode decode wrapper for compiled, a plain one for eager; 32 query
+and 8 KV heads of 128, bf16), else the CPU stand-in of ``runtime/planners.py``;
+the table's title says which, so a stand-in is never measured silently.
+
 Host time is measured around each step without synchronising (the device
 work per step is tiny, so the loop is host-bound); medians are reported.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -21,7 +28,7 @@ from collections.abc import Callable
 import torch
 
 from attnmeta.backends.eager import get_eager
-from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 
 from .table import table
@@ -53,8 +60,64 @@ def _time(step: Callable[[int], None], iters: int, warmup: int, dev) -> float:
     return statistics.median(ts) * 1e6
 
 
-def _captured(compiled, pool, dev, bs):
+HEADS = (32, 8, 128)  # query heads, KV heads, head dim: what FlashInfer's plan() is asked to plan for
+PLANNED = {"flashinfer"}  # the benched backends with a host planner in out_graph
+
+
+def planner_for(backend: str, dev, choice: str = "auto") -> str:
+    """Which planner the flashinfer columns run: 'flashinfer' (its real plan()), 'stand-in', or 'none'."""
+    if backend not in PLANNED:
+        return "none"
+    if choice == "auto":
+        real = dev.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+        return "flashinfer" if real else "stand-in"
+    if choice == "flashinfer" and (dev.type != "cuda" or importlib.util.find_spec("flashinfer") is None):
+        raise OptionsError("--planner flashinfer needs a CUDA device and FlashInfer (pip install .[flashinfer])")
+    return choice
+
+
+def planner_label(planner: str) -> str:
+    if planner == "flashinfer":
+        import flashinfer
+
+        return f"planner: FlashInfer {flashinfer.__version__} plan() (graph-mode decode wrapper; eager: plain wrapper)"
+    if planner == "stand-in":
+        return ("planner: STAND-IN (runtime/planners.py, CPU bookkeeping; not FlashInfer's plan() cost, "
+                "which needs FlashInfer on a GPU)")
+    return "planner: none (no host planner in this backend)"
+
+
+def _eager_step(eager, planner: str, dev, max_bs: int):
+    """The eager twin's step; with a planner, also the plan() an engine's eager path calls."""
+    if planner == "none":
+        return eager.init_forward_metadata
+    if planner == "stand-in":
+        from attnmeta.runtime.planners import ReferenceDecodePlanner
+
+        plan = ReferenceDecodePlanner()
+
+        def step(fb):
+            m = eager.init_forward_metadata(fb)
+            plan(m.kv_indptr_host, torch.ones(fb.batch_size, dtype=torch.int32), key="plan")
+        return step
+    import flashinfer
+
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD")
+    ones = torch.ones(max_bs, dtype=torch.int32)  # page size 1: every last page holds one token
+
+    def step(fb):
+        m = eager.init_forward_metadata(fb)
+        w.plan(m.kv_indptr_host, m.kv_indices, ones[: fb.batch_size], *HEADS, 1,
+               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    return step
+
+
+def _captured(compiled, pool, dev, bs, planner: str):
     be = compiled.instantiate(pool, device=dev)
+    if planner == "flashinfer":
+        from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+
+        FlashInferDecodeAdapter(be, *HEADS)
     cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99)[0]
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator
@@ -66,9 +129,9 @@ def _captured(compiled, pool, dev, bs):
     return be, g
 
 
-def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) -> dict:
+def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner) -> dict:
     batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs)
-    be, g = _captured(packed, pool, dev, bs)
+    be, g = _captured(packed, pool, dev, bs, planner)
     b = be.bound(ForwardMode.DECODE, bs)
     nbytes = b.stager.copies[0][1].numel()
     host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
@@ -89,7 +152,7 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) -> dict:
 
     steps = [
         ("floor", floor), ("compiled", compiled),
-        ("eager", lambda i: eager.init_forward_metadata(batches[i % 8])),
+        ("eager", lambda i: eager(batches[i % 8])),
         # where the compiled step's time goes, each part alone
         ("stage", lambda i: b.stager.stage(batches[i % 8], bs, bs)),
         ("validate", validate),
@@ -103,21 +166,26 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L) -> dict:
 
 
 def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 300, warmup: int = 30,
-              max_context_len: int = 4096, device: str | None = None, progress=lambda xs, *a, **k: xs) -> list[dict]:
-    """``progress`` wraps the loop over sizes (the CLI passes a progress bar)."""
+              max_context_len: int = 4096, device: str | None = None, progress=lambda xs, *a, **k: xs,
+              planner: str = "auto") -> tuple[list[dict], str]:
+    """The rows of the table and the planner they ran (``planner_for``); ``progress`` wraps the
+    loop over sizes (the CLI passes a progress bar)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    planner = planner_for(backend, dev, planner)
     max_bs, L = max(sizes), max_context_len
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
-    eager = get_eager(backend)(pool, max_bs)
-    return [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L)
+    eager = _eager_step(get_eager(backend)(pool, max_bs), planner, dev, max_bs)
+    rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner)
             for bs in progress(sizes, f"bench {backend}", unit="size")]
+    return rows, planner
 
 
-def format_table(rows: list[dict], device: str) -> str:
+def format_table(rows: list[dict], device: str, planner: str = "none") -> str:
     """Markdown, so that a run's table pastes into docs/BENCHMARKS.md as it is."""
     cols = ["bs", "floor_us", "compiled_us", "eager_us", "compiled/floor", "eager/compiled",
             "stage_us", "validate_us", "host_ops_us", "replay_us", "staged_bytes"]
-    return table(rows, cols, markdown=True, title=f"host time per decode step on {device} (median µs)")
+    return table(rows, cols, markdown=True, title=f"host time per decode step on {device} (median µs); "
+                 f"{planner_label(planner)}")

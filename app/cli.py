@@ -183,10 +183,10 @@ def cmd_bench(a) -> int:
         set_cpu_kernels("torch")  # the interpreter would swamp host time
         print("note: on a CPU, 'device' work runs on the host too; only GPU numbers show host overhead alone; "
               "kernels run as torch")
-    rows = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len, device=dev,
-                     progress=_loop)
+    rows, planner = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len,
+                              device=dev, progress=_loop, planner=a.planner)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(format_table(rows, name))
+    print(format_table(rows, name, planner))
     return 0
 
 
@@ -273,6 +273,9 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--iters", type=int, default=300, help="timed steps per size and column")
     be.add_argument("--max-context-len", type=int, default=4096, help="L")
     be.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
+    be.add_argument("--planner", choices=["auto", "flashinfer", "stand-in"], default="auto",
+                    help="flashinfer's host planner: its real plan() (GPU with FlashInfer), or the CPU stand-in; "
+                         "auto takes the real one where it can")
     be.set_defaults(fn=cmd_bench)
     return p
 

@@ -143,3 +143,14 @@ def test_force_disables_a_safety_pass(capsys):
 def test_demo_on_cuda_without_cuda(capsys):
     assert main(["demo", "--device", "cuda", "--steps", "2"]) == 2
     assert "this machine has no CUDA device" in capsys.readouterr().err
+
+
+def test_bench_names_the_planner_it_measured(capsys):
+    """A stand-in planner is never measured silently: the table's title says which planner ran."""
+    assert main(["bench", "--backend", "flashinfer", "--sizes", "1", "2", "--iters", "5", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "planner: STAND-IN" in out and "| 2 |" in out
+    assert main(["bench", "--backend", "triton", "--sizes", "1", "--iters", "5", "--device", "cpu"]) == 0
+    assert "planner: none" in capsys.readouterr().out
+    assert main(["bench", "--backend", "flashinfer", "--planner", "flashinfer", "--device", "cpu"]) == 2
+    assert "--planner flashinfer needs a CUDA device" in capsys.readouterr().err
