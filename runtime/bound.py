@@ -40,6 +40,19 @@ class BoundPlan:
     def bs(self) -> int:
         return self.binding.bs
 
+    def run_out_graph(self) -> None:
+        """The host part of a step, after staging: values that cross into the graph are copied to
+        their device buffers; the planners' results become metadata fields."""
+        if not (self.crossing or self.binding.planned):
+            self.out_fn(*self.out_args)
+            return
+        results = self.out_fn(*self.out_args)
+        n = len(self.crossing)
+        for buf, val in zip(self.crossing, results[:n], strict=True):
+            buf.copy_(val, non_blocking=True)
+        for field, val in zip(self.binding.planned, results[n:], strict=True):
+            setattr(self.meta, field, val)
+
 
 def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.device, env: dict,
          event: list, dirty: dict) -> BoundPlan:

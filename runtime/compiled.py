@@ -102,15 +102,7 @@ class CompiledAttentionBackend(AttentionBackend):
             log.info("refused a %s batch: %s", fb.forward_mode.name.lower(), e)
             raise
         self.planning = b
-        if b.crossing or b.binding.planned:
-            results = b.out_fn(*b.out_args)
-            n = len(b.crossing)
-            for buf, val in zip(b.crossing, results[:n], strict=True):
-                buf.copy_(val, non_blocking=True)
-            for field, val in zip(b.binding.planned, results[n:], strict=True):
-                setattr(b.meta, field, val)
-        else:
-            b.out_fn(*b.out_args)
+        b.run_out_graph()
         if in_capture:
             b.capture = capture_record(b)
         elif b.capture is not None and self.check_addresses:
