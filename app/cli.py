@@ -75,7 +75,8 @@ def cmd_compile(a) -> int:
         raise OptionsError(f"--dump-bs takes batch sizes or 'all', got {a.dump_bs}") from None
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
-                          modes=a.modes, capture_sizes=sizes, dump_dir=writable_dir(dump) if dump else None,
+                          index_topk=a.index_topk, modes=a.modes, capture_sizes=sizes,
+                          dump_dir=writable_dir(dump) if dump else None,
                           dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
                           force=a.force, disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
     if every:
@@ -226,6 +227,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     c.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
     c.add_argument("--num-draft-tokens", type=int, default=4, help="tokens verified per request (target_verify)")
+    c.add_argument("--index-topk", type=int, default=512, choices=[512, 1024],
+                   help="dsv4: compressed entries the indexer selects per query (the model's index_topk)")
     c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "
                                       "there (also ATTNMETA_DUMP_DIR)")
     c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")

@@ -37,6 +37,7 @@ class CompileOptions:
     num_draft_tokens: int = 4
     topk: int = 1
     num_steps: int = 3
+    index_topk: int = 512  # DSV4: compressed entries the indexer selects per query (the model's index_topk)
     dump_dir: str | None = None
     # which sizes and modes the dumps cover: () = the largest captured size, every mode
     dump_bs: tuple[int, ...] = attrs.field(default=(), converter=_sizes)
@@ -62,6 +63,9 @@ class CompileOptions:
                         ("num_steps", self.num_steps)):
             if not isinstance(v, int) or v < 1:
                 raise OptionsError(f"{name} must be an int >= 1, got {v!r} (--{name.replace('_', '-')})")
+        if self.index_topk not in (512, 1024):  # what DeepSeek-V4's sparse kernels are built for
+            raise OptionsError(f"index_topk must be 512 or 1024 (the model config's index_topk), "
+                               f"got {self.index_topk!r} (--index-topk)")
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -115,6 +115,8 @@ CASES = [
          "capture sizes [8] are outside 1..max_bs=4"),
     Case("topk, num_steps or num_draft_tokens below 1", lambda: _options(topk=0), "OptionsError",
          "topk must be an int >= 1, got 0"),
+    Case("a DSV4 `index_topk` its kernels are not built for", lambda: _options(index_topk=300), "OptionsError",
+         "index_topk must be 512 or 1024"),
     Case("`--disable-pass` with an unknown pass", lambda: _compiled("triton", disabled_passes=("fusee",)),
          "OptionsError", "--disable-pass fusee: no such pass"),
     Case("`--disable-pass check-split` without `--force`",

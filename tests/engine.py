@@ -185,9 +185,8 @@ def _lens(eng, mode, ins) -> tuple[torch.Tensor, int]:
     if inner == "dsv4":
         if mode is M.TARGET_VERIFY:
             return (seq[:, None] + 1 + torch.arange(D)).reshape(-1), 256
-        if mode is M.DRAFT_EXTEND:
-            first = seq - ins["extend_seq_lens"] + 1
-            return torch.minimum(first[:, None] + torch.arange(D), seq[:, None]).reshape(-1), 256
+        if mode is M.DRAFT_EXTEND:  # SGLang's V2 layout: the last D positions, seq - D + 1 .. seq
+            return (seq[:, None] - D + 1 + torch.arange(D)).reshape(-1), 256
         return seq, 256
     if inner == "flashattention" and mode is M.TARGET_VERIFY:
         return seq + D, P

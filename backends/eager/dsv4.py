@@ -7,54 +7,59 @@ from types import SimpleNamespace
 
 import torch
 
-PAGE, SWA, TOPK = 256, 128, 512
+PAGE, SWA, ALIGN = 256, 128, 64
+SWA_FIELDS = ("positions", "seq_lens_casual", "raw_out_loc", "swa_topk_lengths", "swa_page_indices",
+              "swa_out_cache_loc", "page_table")
+
+
+def pad_to_64(x: torch.Tensor) -> torch.Tensor:
+    """The sparse kernels read index tables whose width is a multiple of 64; the rest is -1."""
+    return torch.nn.functional.pad(x, (0, -x.shape[1] % ALIGN), value=-1)
 
 
 class EagerDSV4Decode:
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None,
-                 draft_tokens: int = 4):
-        self.req_to_token, self.D = req_to_token, draft_tokens
+                 draft_tokens: int = 4, index_topk: int = 512):
+        self.req_to_token, self.D, self.topk = req_to_token, draft_tokens, index_topk
         slots = int(req_to_token.max()) + 1
         self.full_to_swa = full_to_swa if full_to_swa is not None else swa_table(slots, req_to_token.device)
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         bs = fb.batch_size
-        seq, rpi = fb.seq_lens[:bs].long(), fb.req_pool_indices[:bs].long()
-        j = torch.arange(self.D, device=seq.device)
-        if fb.forward_mode.is_target_verify():  # expand per query token, as the engine does
+        seq, rpi = fb.seq_lens[:bs].int(), fb.req_pool_indices[:bs].long()
+        j = torch.arange(self.D, device=seq.device, dtype=torch.int32)
+        if fb.forward_mode.is_target_verify():  # D query tokens after the prefix, as the engine expands them
             seq, rpi = (seq[:, None] + 1 + j).reshape(-1), rpi.repeat_interleave(self.D)
-        elif fb.forward_mode.is_draft_extend():  # accepted tokens first; extra slots repeat the last
-            first = seq - fb.extend_seq_lens[:bs].long() + 1
-            seq = torch.minimum(first[:, None] + j, seq[:, None]).reshape(-1)
-            rpi = rpi.repeat_interleave(self.D)
-        loc = fb.out_cache_loc[: seq.shape[0]] if fb.out_cache_loc is not None else torch.zeros_like(seq)
+        elif fb.forward_mode.is_draft_extend():  # V2: the last T = D positions, ending at seq - 1
+            seq, rpi = (seq[:, None] - self.D + 1 + j).reshape(-1), rpi.repeat_interleave(self.D)
+        loc = fb.out_cache_loc[: seq.shape[0]] if fb.out_cache_loc is not None else torch.zeros_like(seq).long()
         m = self.upgrade(seq, rpi, loc)
         if fb.forward_mode.is_draft_extend():  # SWA only, no compression
-            keep = ("positions", "swa_topk_lengths", "swa_page_indices", "swa_out_cache_loc", "page_table")
-            return SimpleNamespace(**{k: getattr(m, k) for k in keep})
+            return SimpleNamespace(**{k: getattr(m, k) for k in SWA_FIELDS})
         return m
 
     def upgrade(self, seq, rpi, loc) -> SimpleNamespace:
-        bs, L = seq.shape[0], self.req_to_token.shape[1]
+        tokens, L = seq.shape[0], self.req_to_token.shape[1]
         rows = self.req_to_token[rpi]  # [tokens, L]
-        pos = (seq - 1).clamp(min=0)
+        pos = seq - 1
         off = pos[:, None] - torch.arange(SWA, device=seq.device)
-        tok = torch.where(off >= 0, rows.gather(1, off.clamp(min=0)), -1)
+        tok = torch.where(off >= 0, rows.gather(1, off.clamp(min=0).long()), -1)
         swa = torch.where(tok >= 0, self.full_to_swa[tok.clamp(min=0).long()], -1)
         n_pages = -(-L // PAGE)
         page_table = rows[:, ::PAGE][:, :n_pages] // PAGE
         page_table = torch.where(torch.arange(n_pages, device=seq.device) * PAGE < seq[:, None], page_table, 0)
-        m = SimpleNamespace(positions=pos, swa_topk_lengths=seq.clamp(max=SWA).int(), swa_page_indices=swa.int(),
+        m = SimpleNamespace(positions=pos, seq_lens_casual=seq, raw_out_loc=loc,
+                            swa_topk_lengths=seq.clamp(max=SWA), swa_page_indices=pad_to_64(swa.int()),
                             swa_out_cache_loc=self.full_to_swa[loc.long()], page_table=page_table.int())
         for r in (4, 128):
-            setattr(m, f"c{r}_lens", (seq // r).int())
+            setattr(m, f"c{r}_topk_lengths_clamp1", (seq // r).clamp(min=1))
             setattr(m, f"c{r}_out_loc", torch.where(seq % r == 0, loc // r, 0))
-            setattr(m, f"c{r}_positions", ((pos // r) * r).int())
+        m.c4_topk_lengths_raw = seq // 4
         j = torch.arange(2 * n_pages, device=seq.device)
         slots = page_table[:, j // 2] * 2 + j % 2
-        m.c128_page_indices = torch.where(j < m.c128_lens[:, None], slots, -1).int()
-        m.c4_sparse_topk_lengths = m.c4_lens.clamp(min=1).clamp(max=TOPK)
-        m.c4_sparse_page_indices = torch.full((bs, TOPK), -1, dtype=torch.int32, device=seq.device)
+        m.c128_page_indices = pad_to_64(torch.where(j < (seq // 128)[:, None], slots, -1).int())
+        m.c4_sparse_topk_lengths = m.c4_topk_lengths_clamp1.clamp(max=self.topk)
+        m.c4_sparse_page_indices = torch.full((tokens, self.topk), -1, dtype=torch.int32, device=seq.device)
         return m
 
 

@@ -56,9 +56,8 @@ def test_capture_replay_on_cuda(name, mode):
             lens = full.seq_lens_cpu + (D if name == "flashattention" and mode is V else 0)  # verify: + drafts
             if per > 1 and mode is V:  # per-token causal lengths
                 lens = (full.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)
-            elif per > 1:  # draft extend: accepted tokens first, the rest repeat the last
-                first = full.seq_lens_cpu - full.extend_seq_lens_cpu + 1
-                lens = torch.minimum(first[:, None] + torch.arange(D), full.seq_lens_cpu[:, None]).reshape(-1)
+            elif per > 1:  # draft extend (SGLang's V2 layout): the last D positions, seq - D + 1 .. seq
+                lens = (full.seq_lens_cpu[:, None] - D + 1 + torch.arange(D)).reshape(-1)
             assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens,
                                   256 if name == "dsv4" else 1)
 

@@ -73,10 +73,22 @@ def test_hand_computed_compression_fields():
     assert int(m.positions[0]) == 255 and int(m.swa_topk_lengths[0]) == 128
     assert m.swa_page_indices[0, :2].tolist() == [12550, 12540]  # tokens 255, 254 -> slots 1255, 1254
     assert m.page_table[0].tolist() == [1000 // 256, 0]  # one page covers 256 tokens; the second is unused
-    assert int(m.c4_lens[0]) == 64 and int(m.c128_lens[0]) == 2
+    assert int(m.seq_lens_casual[0]) == 256 and int(m.raw_out_loc[0]) == 1255
+    assert int(m.c4_topk_lengths_raw[0]) == 64 and int(m.c4_topk_lengths_clamp1[0]) == 64
+    assert int(m.c128_topk_lengths_clamp1[0]) == 2
     assert int(m.c4_out_loc[0]) == 1255 // 4 and int(m.c128_out_loc[0]) == 1255 // 128  # 256 % r == 0
-    assert m.c128_page_indices[0].tolist() == [2 * 3, 2 * 3 + 1, -1, -1]
-    assert int(m.c4_sparse_topk_lengths[0]) == 64
+    # 2 c128 slots per page x 2 pages = 4 columns, padded to 64 with -1 for the sparse kernel
+    assert m.c128_page_indices[0].tolist() == [2 * 3, 2 * 3 + 1] + [-1] * 62
+    assert int(m.c4_sparse_topk_lengths[0]) == 64 and m.c4_sparse_page_indices.shape == (1, 512)
+    assert m.positions.dtype == m.seq_lens_casual.dtype == torch.int32 and m.c4_out_loc.dtype == torch.int64
+    short = torch.tensor([3], dtype=torch.int32)  # no compressed block yet: the kernel gets length 1
+    be.init_forward_metadata(ForwardBatch(ForwardMode.DECODE, 1, req_pool_indices=torch.tensor([1]),
+                                          seq_lens=short, seq_lens_cpu=short.clone(),
+                                          out_cache_loc=torch.tensor([1002])))
+    m = be.forward_metadata
+    assert int(m.c4_topk_lengths_raw[0]) == 0 and int(m.c4_topk_lengths_clamp1[0]) == 1
+    assert int(m.c128_topk_lengths_clamp1[0]) == 1 and int(m.c4_sparse_topk_lengths[0]) == 1
+    assert m.c128_page_indices[0].tolist() == [-1] * 64 and int(m.c4_out_loc[0]) == 0  # 3 % 4 != 0
 
 
 @pytest.mark.parametrize("bs", SIZES)
@@ -124,9 +136,7 @@ def test_draft_extend_is_swa_only_and_matches_the_twin():
 
     def batch(n, seed):
         fb = make_batch(n, L, ROWS, seed=seed, mode=E)
-        ext = torch.randint(1, T + 1, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(seed))
-        fb.extend_seq_lens_cpu = torch.minimum(ext, fb.seq_lens_cpu)
-        fb.extend_seq_lens = fb.extend_seq_lens_cpu.clone()
+        fb.seq_lens_cpu[0] = fb.seq_lens[0] = 1  # shorter than T: its first tokens see nothing
         fb.out_cache_loc = torch.randint(0, ROWS * L, (n * T,), generator=torch.Generator().manual_seed(seed))
         return fb
 
@@ -138,7 +148,10 @@ def test_draft_extend_is_swa_only_and_matches_the_twin():
     full.out_cache_loc = torch.zeros(bs * T, dtype=torch.int64)
     full.out_cache_loc[: raw * T] = fb.out_cache_loc
     ref = twin.init_forward_metadata(full)
-    assert not hasattr(be.forward_metadata, "c4_lens")  # no compression in draft extend
-    first = full.seq_lens_cpu - full.extend_seq_lens_cpu + 1
-    lens = torch.minimum(first[:, None] + torch.arange(T), full.seq_lens_cpu[:, None]).reshape(-1)
+    assert not hasattr(be.forward_metadata, "c4_out_loc")  # no compression in draft extend
+    lens = (full.seq_lens_cpu[:, None] - T + 1 + torch.arange(T)).reshape(-1)  # V2: seq-T+1 .. seq
     assert_metadata_equal(be.forward_metadata, ref, lens, page_size=256)
+    s1 = int(fb.seq_lens_cpu[1])
+    assert be.forward_metadata.positions[T:2 * T].tolist() == [s1 - 3, s1 - 2, s1 - 1]  # by hand, T = 3
+    assert be.forward_metadata.seq_lens_casual[:T].tolist() == [-1, 0, 1]  # the request of length 1
+    assert be.forward_metadata.swa_page_indices[:2].eq(-1).all()  # tokens at lengths <= 0 read nothing
