@@ -105,6 +105,8 @@ def cmd_compile(a) -> int:
     print(table(cb.summary(), ["mode", "bs", "out_graph", "in_graph", "kernels", "host_ops", "bytes_per_step",
                                "arena_kib"]))
     print("time (s, every size): " + ", ".join(f"{k} {v:.3f}" for k, v in cb.timing.seconds.items()))
+    if a.out:
+        print(f"artifact: {cb.save(a.out, ref=a.backend)} (load_compiled({a.out!r}))")
     if opts.dump_dir:
         run = dumps.find_run(os.path.join(opts.dump_dir, cb.spec.name))
         print(f"dumps: {run} (attnmeta inspect {run})")
@@ -233,6 +235,8 @@ def parser() -> argparse.ArgumentParser:
                                       "there (also ATTNMETA_DUMP_DIR)")
     c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")
     c.add_argument("--dump-modes", nargs="+", choices=MODES, help="modes to dump (default: all)")
+    c.add_argument("--out", metavar="FILE", help="write the compiled backend to FILE, to load ahead of serving "
+                                                "(attnmeta.compiler.load_compiled): no pass runs at load")
     c.add_argument("--report", nargs="?", const=True, metavar="FILE", help="also write the HTML report (default "
                                                                            "FILE: <run>/report.html)")
     c.add_argument("--print-after-all", action="store_true", help="print the IR after every pass (stderr)")

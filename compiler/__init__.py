@@ -3,6 +3,8 @@
 import os as _os
 
 from . import logs as _logs
+from .artifact import ArtifactError
+from .artifact import load as load_compiled
 from .compile import CompiledBackend, compile_backend
 from .ir.errors import AttnmetaError, Diagnostic, InternalError, OptionsError, UnknownName, UserError
 from .modes import ForwardMode
@@ -16,7 +18,8 @@ if _os.environ.get("ATTNMETA_LOGS"):  # opt-in only: otherwise the application's
     _logs.configure()
 
 __all__ = [
-    "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "AttnmetaError", "BackendSpec", "CompileOptions", "CompiledBackend",
-    "Diagnostic", "ForwardMode", "InternalError", "OptionsError", "PassError", "SplitError", "UnknownName",
-    "UserError", "Violation", "check_split", "compile_backend", "get_spec", "list_backends", "register_backend",
+    "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "ArtifactError", "AttnmetaError", "BackendSpec", "CompileOptions",
+    "CompiledBackend", "Diagnostic", "ForwardMode", "InternalError", "OptionsError", "PassError", "SplitError",
+    "UnknownName", "UserError", "Violation", "check_split", "compile_backend", "get_spec", "list_backends",
+    "load_compiled", "register_backend",
 ]

@@ -41,6 +41,7 @@ class CompiledBackend:
     pools: tuple[PoolSpec, ...]  # the engine tensors every mode reads, bound at instantiate
     stable: dict[ForwardMode, frozenset[str]]
     seconds: float = 0.0
+    ref: str = ""  # how the spec was named (a registered name, pkg.module:SPEC, file.py:SPEC)
 
     @property
     def modes(self) -> tuple[ForwardMode, ...]:
@@ -95,6 +96,12 @@ class CompiledBackend:
                 "arena_kib": round(mode_bytes(self.generic[mode.graph_key], Space.arena) / 1024, 1),
             })
         return rows
+
+    def save(self, path: str, ref: str | None = None) -> str:
+        """Write this compiled backend to ``path`` (compiler/artifact.py); ``load_compiled`` reads it back."""
+        from .artifact import save
+
+        return save(self, path, ref)
 
     def instantiate(self, req_to_token, device=None, planners=None, pools=None):
         """Bind pools (``req_to_token`` and any other the spec reads, e.g. ``full_to_swa``) and a
@@ -156,4 +163,4 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
         i.finish(timing.seconds)
     log.info("compiled %s: %d plans in %.3f s", spec.name, len(s.plans), time.perf_counter() - t0)
     return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, ref=spec_or_name if isinstance(spec_or_name, str) else spec.name)

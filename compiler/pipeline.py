@@ -116,15 +116,29 @@ def compile_spec(spec: BackendSpec, options: CompileOptions, instruments: Sequen
             i.start(g, ctx)
         generic[mode] = run_passes(g, GENERIC_PASSES, ctx, instruments)
     layout = link(generic)
-    plans, inits = {}, {}
+    plans = {}
     stable = {mode: g.stable_constants() for mode, g in generic.items()}
     for mode, g in generic.items():
         # max_bs too, captured or not: the largest batch is where capacities and int32 sums overflow, so
         # check-split sees it ahead of serving, and an eager batch of max_bs finds its plan ready
         for bs in sorted({*options.sizes, options.max_bs}, reverse=True):
             plans[(mode, bs)] = compile_size(g, options, mode, bs, layout, stable[mode], instruments)
-        at_max = run_passes(g, ("specialize-batch",), PassContext(options, mode, options.max_bs))
-        inits[mode] = lower_init(at_max, mode, stable[mode], layout.base(mode))
+    return _finish(generic, layout, plans, stable, options)
+
+
+def lower_stages(generic: dict[ForwardMode, Graph], finals: dict[tuple[ForwardMode, int], Graph],
+                 options: CompileOptions) -> Stages:
+    """Lowering alone, from graphs the passes already made (a compiled artifact): the mode-generic
+    graphs and each plan's final graph. No pass runs."""
+    layout = link(generic)
+    stable = {mode: g.stable_constants() for mode, g in generic.items()}
+    plans = {(m, bs): lower(g, m, stable[m], layout.base(m), options.max_bs) for (m, bs), g in finals.items()}
+    return _finish(generic, layout, plans, stable, options)
+
+
+def _finish(generic, layout: Layout, plans: dict, stable: dict, options: CompileOptions) -> Stages:
+    # each mode's shared constants are written once, from its largest plan's graph
+    inits = {m: lower_init(plans[(m, options.max_bs)].graph, m, stable[m], layout.base(m)) for m in generic}
     pools = pool_specs([i for g in generic.values() for i in g.inputs if i.role.value == "pool"], options.symbols())
     return Stages(generic, layout, plans, inits, pools, stable)
 

@@ -1,0 +1,143 @@
+"""Compile ahead of serving: a compiled backend saved to one file, loaded without running a pass.
+
+The file (a zip) holds ``manifest.json`` (what it was compiled from, readable with ``unzip -p``)
+and the passes' results: each mode's generic graph and each plan's final graph, frozen IR
+objects pickled as they are (exact, and about 20x faster to read back than to parse their text
+form). Loading reads them and runs lowering alone, no pass. As with ``torch.load``, load only
+artifacts you built: unpickling runs code the file names. The artifact is keyed by a content hash over the spec's source
+file, the options, the attnmeta code, and the versions of attnmeta, torch and triton. A file
+whose key differs from what this process would compile is refused with the command that
+rebuilds it: a stale artifact would serve metadata from a spec or compiler that no longer exists.
+
+Compiled Triton kernels are not in the file. Triton caches them by source in
+``TRITON_CACHE_DIR`` (default ``~/.triton/cache``), and a loaded artifact generates the same
+sources, so a server that keeps that directory compiles no kernel on its second start.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import pickle
+import time
+import zipfile
+from importlib.metadata import PackageNotFoundError, version
+
+from .instruments import Timing
+from .ir.errors import UnknownName, UserError
+from .options import CompileOptions
+from .pipeline import lower_stages
+from .spec import BackendSpec, get_spec
+
+FORMAT = 1
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attnmeta's source tree
+PLAN_CODE = ("compiler", "backends", "runtime")  # what a plan depends on (not the CLI, not the tests)
+
+
+class ArtifactError(UserError):
+    """A compiled artifact that cannot be served: missing, unreadable, or stale."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
+def code_hash() -> str:
+    """Every Python file of attnmeta: passes or lowering that changed make an artifact stale."""
+    h = hashlib.sha256()
+    walked = [w for part in PLAN_CODE for w in os.walk(os.path.join(PACKAGE, part))]
+    for root, _, files in sorted(walked):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                h.update(os.path.relpath(path, PACKAGE).encode())
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    return h.hexdigest()
+
+
+def _options_dict(o: CompileOptions) -> dict:
+    """The options that shape the plans (dumps and pass selection do not)."""
+    return {"max_bs": o.max_bs, "capture_sizes": list(o.sizes), "modes": [m.name.lower() for m in o.modes],
+            "page_size": o.page_size, "max_context_len": o.max_context_len, "num_draft_tokens": o.num_draft_tokens,
+            "topk": o.topk, "num_steps": o.num_steps, "index_topk": o.index_topk,
+            "disabled_passes": list(o.disabled_passes)}
+
+
+def key(spec: BackendSpec, options: CompileOptions) -> dict:
+    """What an artifact must match to be served: versions, code, the spec's source, the options."""
+    import torch
+    import triton
+
+    src = inspect.getsourcefile(spec.build)
+    with open(src, "rb") as f:
+        spec_hash = hashlib.sha256(f.read()).hexdigest()
+    parts = {"format": FORMAT, "attnmeta": _version("attnmeta"), "torch": torch.__version__,
+             "triton": triton.__version__, "code": code_hash(), "spec": spec.name, "spec_source": spec_hash,
+             "options": _options_dict(options)}
+    parts["hash"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return parts
+
+
+def save(compiled, path: str, ref: str | None = None) -> str:
+    """Write ``compiled`` to ``path``. ``ref`` is how a later process finds the spec: a registered
+    name, ``pkg.module:SPEC`` or ``path/to/file.py:SPEC`` (default: the spec's name)."""
+    ref = ref or compiled.ref or compiled.spec.name
+    where, colon, attr = ref.rpartition(":")
+    if colon and (where.endswith(".py") or os.sep in where):  # a file: found again from any directory
+        ref = f"{os.path.abspath(where)}:{attr}"
+    manifest = {"key": key(compiled.spec, compiled.options), "ref": ref,
+                "plans": sorted([m.name.lower(), bs] for m, bs in compiled.plans)}
+    graphs = {"generic": dict(compiled.generic), "finals": {k: p.graph for k, p in compiled.plans.items()}}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1))
+        z.writestr("graphs.pickle", pickle.dumps(graphs, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(tmp, path)  # a reader never sees half a file
+    return path
+
+
+def load(path: str, spec: BackendSpec | str | None = None):
+    """The compiled backend saved at ``path``, lowered in this process; no pass runs. ``spec``
+    overrides the saved reference (a spec object, or where to import it from)."""
+    from .compile import CompiledBackend
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            manifest = json.loads(z.read("manifest.json"))
+            saved = manifest["key"]
+            blob = z.read("graphs.pickle")
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+        raise ArtifactError(f"cannot read compiled artifact {path!r} ({e}); write one with "
+                            "`attnmeta compile BACKEND --out FILE`") from None
+    ref = manifest["ref"]
+    try:
+        spec = get_spec(spec if spec is not None else ref)
+    except UnknownName as e:
+        raise ArtifactError(f"compiled artifact {path!r} was compiled from spec {ref!r}, which this process cannot "
+                            f"find ({e}); install it, or pass it: load_compiled(path, spec=...)") from None
+    o = saved["options"]
+    options = CompileOptions(**{**o, "capture_sizes": tuple(o["capture_sizes"]), "modes": tuple(o["modes"]),
+                                "disabled_passes": tuple(o["disabled_passes"])})
+    now = key(spec, options)
+    stale = [k for k in ("format", "attnmeta", "torch", "triton", "code", "spec", "spec_source")
+             if saved.get(k) != now[k]]
+    if stale:
+        what = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" if k not in ("code", "spec_source") else
+                         f"{k} changed" for k in stale)
+        raise ArtifactError(f"compiled artifact {path!r} is stale ({what}); rebuild it with "
+                            f"`attnmeta compile {ref} --out {path}` (same options) before serving")
+    t0 = time.perf_counter()
+    graphs = pickle.loads(blob)  # noqa: S301  (the user's own artifact; its key matched this process)
+    s = lower_stages(graphs["generic"], graphs["finals"], options)
+    timing = Timing()
+    timing.seconds["load"] = time.perf_counter() - t0
+    return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable,
+                           time.perf_counter() - t0, ref=ref)
