@@ -75,7 +75,8 @@ def cmd_compile(a) -> int:
         raise OptionsError(f"--dump-bs takes batch sizes or 'all', got {a.dump_bs}") from None
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
-                          index_topk=a.index_topk, modes=a.modes, capture_sizes=sizes,
+                          index_topk=a.index_topk, sm_count=a.sm_count, num_heads=a.num_heads,
+                          num_kv_heads=a.num_kv_heads, modes=a.modes, capture_sizes=sizes,
                           dump_dir=writable_dir(dump) if dump else None,
                           dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
                           force=a.force, disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
@@ -229,6 +230,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     c.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
     c.add_argument("--num-draft-tokens", type=int, default=4, help="tokens verified per request (target_verify)")
+    c.add_argument("--sm-count", type=int, default=132, help="SMs of the target GPU (triton's split heuristic)")
+    c.add_argument("--num-heads", type=int, default=32, help="query heads of the model (triton's split heuristic)")
+    c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
     c.add_argument("--index-topk", type=int, default=512, choices=[512, 1024],
                    help="dsv4: compressed entries the indexer selects per query (the model's index_topk)")
     c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "

@@ -2,12 +2,19 @@
 planner: everything is device work recorded in the graph, including the
 split-KV partition.
 
-``num_kv_splits`` follows the engine's min/max heuristic on device: with
-``max``/``min`` the longest/shortest live sequence (``min := max`` when they
-are within 25 %), ``s = min(ceil(max / min), MAX_SPLITS)``,
-``chunk = ceil(max / s)`` and ``splits_i = ceil(seq_i / chunk)``. Computed
-from the replayed batch, never frozen at capture. (The engine's second,
-SM-count term uses a float log2; the integer IR leaves it out.)
+``num_kv_splits`` follows the engine's heuristic on device, both terms.
+With ``max``/``min`` the longest/shortest sequence of the (padded) batch
+(``min := max`` when they are within 25 %):
+
+- by length: ``s1 = min(ceil(max / min), MAX_SPLITS)``, ``chunk1 = ceil(max / s1)``;
+- by SM count: ``cores = int(sm_count * max(log2(max / 64), 1))`` (float32, as
+  the engine computes it), ``grid = bs * ceil(num_heads / min(16, group))``
+  (``bs * num_heads`` without grouping), ``s2 = min(ceil(cores / grid),
+  MAX_SPLITS)``, ``chunk2 = ceil(max / s2)``;
+
+and ``splits_i = max(ceil(seq_i / chunk1), ceil(seq_i / chunk2))``. The
+device and model are compile options (``sm_count``, ``num_heads``,
+``num_kv_heads``). Computed from the replayed batch, never frozen at capture.
 """
 
 from __future__ import annotations
@@ -21,14 +28,22 @@ I32, I64 = DType.int32, DType.int64
 MAX_SPLITS = 8
 
 
-def num_kv_splits(b: SpecBuilder, seq_lens, max_splits: int = MAX_SPLITS):
+def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions, max_splits: int = MAX_SPLITS):
     longest = b.reduce("max", seq_lens)
     shortest = b.reduce("min", seq_lens)
     close = b.compare("lt", b.ewise("mul", longest, 8), b.ewise("mul", shortest, 10))
     shortest = b.ewise("max", b.where(close, longest, shortest), 1)  # a zero-size TBO child has no rows
     splits = b.clamp(b.ewise("ceildiv", longest, shortest), 1, max_splits)
     chunk = b.ewise("max", b.ewise("ceildiv", longest, splits), 1)
-    return b.ewise("ceildiv", seq_lens, chunk, name="num_kv_splits")
+    # the SM-count term: enough splits to fill the device when the batch alone would not
+    group = options.num_heads // options.num_kv_heads
+    per_row = options.num_heads if group == 1 else -(-options.num_heads // min(16, group))
+    grid = b.ewise("max", b.reduce("sum", b.full(per_row, ["bs"], I32)), 1)  # bs * per_row, folded at bind
+    cores = b.log2_scale(longest, scale=options.sm_count, divisor=64)
+    splits2 = b.ewise("min", b.ewise("ceildiv", cores, grid), max_splits)
+    chunk2 = b.ewise("max", b.ewise("ceildiv", longest, splits2), 1)
+    return b.ewise("max", b.ewise("ceildiv", seq_lens, chunk), b.ewise("ceildiv", seq_lens, chunk2),
+                   name="num_kv_splits")
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
@@ -41,7 +56,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
-        splits = num_kv_splits(b, seq_lens)
+        splits = num_kv_splits(b, seq_lens, options)
     with b.out_graph():
         max_splits = b.full(MAX_SPLITS, [], I32, Placement.host, name="max_kv_splits")
     b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, max_kv_splits=max_splits,

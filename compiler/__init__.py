@@ -4,8 +4,7 @@ import os as _os
 
 from . import logs as _logs
 from .artifact import ArtifactError
-from .artifact import load as load_compiled
-from .compile import CompiledBackend, compile_backend
+from .compile import CompiledBackend, compile_backend, load_compiled
 from .ir.errors import AttnmetaError, Diagnostic, InternalError, OptionsError, UnknownName, UserError
 from .modes import ForwardMode
 from .options import CompileOptions

@@ -4,8 +4,10 @@ The file (a zip) holds ``manifest.json`` (what it was compiled from, readable wi
 and the passes' results: each mode's generic graph and each plan's final graph, frozen IR
 objects pickled as they are (exact, and about 20x faster to read back than to parse their text
 form). Loading reads them and runs lowering alone, no pass. As with ``torch.load``, load only
-artifacts you built: unpickling runs code the file names. The artifact is keyed by a content hash over the spec's source
-file, the options, the attnmeta code, and the versions of attnmeta, torch and triton. A file
+artifacts you built: unpickling runs code the file names.
+
+The artifact is keyed by a content hash over the spec's source file, the options, the
+attnmeta code, and the versions of attnmeta, torch and triton. A file
 whose key differs from what this process would compile is refused with the command that
 rebuilds it: a stale artifact would serve metadata from a spec or compiler that no longer exists.
 
@@ -26,7 +28,6 @@ import time
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
 
-from .instruments import Timing
 from .ir.errors import UnknownName, UserError
 from .options import CompileOptions
 from .pipeline import lower_stages
@@ -104,11 +105,9 @@ def save(compiled, path: str, ref: str | None = None) -> str:
     return path
 
 
-def load(path: str, spec: BackendSpec | str | None = None):
-    """The compiled backend saved at ``path``, lowered in this process; no pass runs. ``spec``
-    overrides the saved reference (a spec object, or where to import it from)."""
-    from .compile import CompiledBackend
-
+def read(path: str, spec: BackendSpec | str | None = None):
+    """What ``load_compiled`` builds a compiled backend from: (spec, options, stages, ref, seconds),
+    the stages lowered in this process; no pass runs. ``spec`` overrides the saved reference."""
     try:
         with zipfile.ZipFile(path) as z:
             manifest = json.loads(z.read("manifest.json"))
@@ -137,7 +136,4 @@ def load(path: str, spec: BackendSpec | str | None = None):
     t0 = time.perf_counter()
     graphs = pickle.loads(blob)  # noqa: S301  (the user's own artifact; its key matched this process)
     s = lower_stages(graphs["generic"], graphs["finals"], options)
-    timing = Timing()
-    timing.seconds["load"] = time.perf_counter() - t0
-    return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable,
-                           time.perf_counter() - t0, ref=ref)
+    return spec, options, s, ref, time.perf_counter() - t0

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from . import artifact
 from .dumps import DumpDir, Selection
 from .instruments import DisablePasses, Instrument, Timing, VerifyEach
 from .ir import Graph, Op, Region
@@ -99,9 +100,7 @@ class CompiledBackend:
 
     def save(self, path: str, ref: str | None = None) -> str:
         """Write this compiled backend to ``path`` (compiler/artifact.py); ``load_compiled`` reads it back."""
-        from .artifact import save
-
-        return save(self, path, ref)
+        return artifact.save(self, path, ref)
 
     def instantiate(self, req_to_token, device=None, planners=None, pools=None):
         """Bind pools (``req_to_token`` and any other the spec reads, e.g. ``full_to_swa``) and a
@@ -164,3 +163,15 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     log.info("compiled %s: %d plans in %.3f s", spec.name, len(s.plans), time.perf_counter() - t0)
     return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable,
                            time.perf_counter() - t0, ref=spec_or_name if isinstance(spec_or_name, str) else spec.name)
+
+
+def load_compiled(path: str, spec: BackendSpec | str | None = None) -> CompiledBackend:
+    """A compiled backend saved by ``CompiledBackend.save`` (``attnmeta compile --out``), lowered in
+    this process without running a pass; refused (``ArtifactError``) when stale. ``spec``
+    overrides where the saved reference says the spec is."""
+    spec, options, s, ref, seconds = artifact.read(path, spec)
+    timing = Timing()
+    timing.seconds["load"] = seconds
+    log.info("loaded %s from %s: %d plans in %.3f s", spec.name, path, len(s.plans), seconds)
+    return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable, seconds,
+                           ref=ref)

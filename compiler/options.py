@@ -38,6 +38,10 @@ class CompileOptions:
     topk: int = 1
     num_steps: int = 3
     index_topk: int = 512  # DSV4: compressed entries the indexer selects per query (the model's index_topk)
+    # the device and model the split-KV heuristic plans for (triton): SMs, query heads, KV heads
+    sm_count: int = 132  # an H200
+    num_heads: int = 32
+    num_kv_heads: int = 8
     dump_dir: str | None = None
     # which sizes and modes the dumps cover: () = the largest captured size, every mode
     dump_bs: tuple[int, ...] = attrs.field(default=(), converter=_sizes)
@@ -60,9 +64,13 @@ class CompileOptions:
             raise OptionsError(f"capture sizes {bad} are outside 1..max_bs={self.max_bs}; "
                                f"raise --max-bs or drop those sizes")
         for name, v in (("num_draft_tokens", self.num_draft_tokens), ("topk", self.topk),
-                        ("num_steps", self.num_steps)):
+                        ("num_steps", self.num_steps), ("sm_count", self.sm_count), ("num_heads", self.num_heads),
+                        ("num_kv_heads", self.num_kv_heads)):
             if not isinstance(v, int) or v < 1:
                 raise OptionsError(f"{name} must be an int >= 1, got {v!r} (--{name.replace('_', '-')})")
+        if self.num_heads % self.num_kv_heads:
+            raise OptionsError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads} "
+                               "(--num-heads, --num-kv-heads)")
         if self.index_topk not in (512, 1024):  # what DeepSeek-V4's sparse kernels are built for
             raise OptionsError(f"index_topk must be 512 or 1024 (the model config's index_topk), "
                                f"got {self.index_topk!r} (--index-topk)")

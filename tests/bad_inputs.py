@@ -115,6 +115,8 @@ CASES = [
          "capture sizes [8] are outside 1..max_bs=4"),
     Case("topk, num_steps or num_draft_tokens below 1", lambda: _options(topk=0), "OptionsError",
          "topk must be an int >= 1, got 0"),
+    Case("query heads that do not group over the KV heads", lambda: _options(num_heads=12, num_kv_heads=8),
+         "OptionsError", "num_heads=12 is not a multiple of num_kv_heads=8"),
     Case("a DSV4 `index_topk` its kernels are not built for", lambda: _options(index_topk=300), "OptionsError",
          "index_topk must be 512 or 1024"),
     Case("`--disable-pass` with an unknown pass", lambda: _compiled("triton", disabled_passes=("fusee",)),

@@ -1,8 +1,9 @@
 """SGLang's own metadata kernels, loaded from its released wheel, as an independent oracle.
 
 SGLang's package cannot be imported on a CPU machine without a long list of serving
-dependencies, but its DSV4 metadata kernels are self-contained modules (torch, Triton, and
-``msgspec`` for one result type). This loads exactly those files from the wheel that
+dependencies, but its metadata kernels are self-contained modules (torch, Triton, and
+``msgspec`` for one result type): the DSV4 backend's, the Triton backend's split heuristic and
+the kv-indices gather its FlashInfer and Triton backends share. This loads exactly those files from the wheel that
 ``make oracles`` downloads (``pip download --no-deps sglang==0.5.23``), by path, without
 running SGLang's package ``__init__``. The one other SGLang import they make,
 ``sglang.srt.utils.common.async_h2d``, is used only on their CUDA path; while loading, it is
@@ -73,3 +74,11 @@ def dsv4_kernels():
     """(metadata_kernel, attn_metadata_kernels) of SGLang's DSV4 backend."""
     return (load(DSV4 + "metadata_kernel.py", "sglang_oracle_metadata_kernel"),
             load(DSV4 + "attn_metadata_kernels.py", "sglang_oracle_attn_metadata_kernels"))
+
+
+def attention_kernels():
+    """(metadata, kv_indices): SGLang's Triton backend's split heuristic (``get_num_kv_splits_triton``)
+    and the FlashInfer/Triton backends' kv-indices gather (``create_flashinfer_kv_indices_triton``)."""
+    base = "sglang/kernels/ops/attention/"
+    return (load(base + "metadata.py", "sglang_oracle_attention_metadata"),
+            load(base + "kv_indices.py", "sglang_oracle_kv_indices"))

@@ -12,8 +12,11 @@ from .flashinfer import gather_kv_indices
 
 
 class EagerTritonDecode:
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int, max_kv_splits: int = 8, draft_tokens: int = 4):
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, max_kv_splits: int = 8, draft_tokens: int = 4,
+                 sm_count: int = 132, num_heads: int = 32, num_kv_heads: int = 8):
         self.req_to_token, self.max_kv_splits, self.D = req_to_token, max_kv_splits, draft_tokens
+        group = num_heads // num_kv_heads  # thread blocks per request in the split-KV decode kernel
+        self.sm_count, self.blocks = sm_count, num_heads if group == 1 else -(-num_heads // min(16, group))
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=req_to_token.device)
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
@@ -44,5 +47,10 @@ class EagerTritonDecode:
         shortest = torch.where(longest * 8 < shortest * 10, longest, shortest)
         splits = torch.clamp(-(-longest // shortest), max=self.max_kv_splits)
         chunk = -(-longest // splits)
-        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=-(-seq // chunk),
+        # enough splits to fill the SMs: log2 of the longest sequence in 64-token units, in float32
+        cores = (torch.log2(longest.float() / 64.0).clamp(min=1.0) * self.sm_count).int()
+        splits2 = torch.clamp(-(-cores // (bs * self.blocks)), max=self.max_kv_splits)
+        chunk2 = -(-longest // splits2)
+        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               num_kv_splits=torch.maximum(-(-seq // chunk), -(-seq // chunk2)).to(torch.int32),
                                max_kv_splits=self.max_kv_splits)

@@ -167,6 +167,10 @@ class SpecBuilder:
         """x kept inside [lo, hi]."""
         return self.op(Op.clamp, x, lo=lo, hi=hi, name=name)
 
+    def log2_scale(self, x: V, scale: int, divisor: int, name=None) -> V:
+        """int32(scale * max(log2(x / divisor), 1)), computed in float32 (an SM-count heuristic term)."""
+        return self.op(Op.log2_scale, x, scale=scale, divisor=divisor, name=name)
+
     def reduce(self, fn: str, x: V, name=None) -> V:
         return self.op(Op.reduce, x, fn=fn, name=name)
 

@@ -228,10 +228,12 @@ class Graph:
             ins = n.inputs
             if n.name not in consts:
                 continue
-            if n.op in CONST_OPS or (all(free(x) for x in ins) and free(n.name)):
+            if n.op in CONST_OPS:
                 stable.add(n.name)
-            elif not all(x in stable for x in ins):
+            elif not all(x in stable for x in ins):  # e.g. a scalar whose value is a sum over bs rows
                 continue
+            elif all(free(x) for x in ins) and free(n.name):
+                stable.add(n.name)
             elif n.op in _ROWWISE and all(rows(x) for x in (*ins, n.name)):
                 stable.add(n.name)
             elif (n.op is Op.outer and free(ins[1])) or (n.op is Op.repeat and attr_free(n.a["times"])) or (

@@ -52,6 +52,7 @@ class Op(enum.Enum):
     gather_rows = "gather_rows"
     flatten = "flatten"
     clamp = "clamp"
+    log2_scale = "log2_scale"
 
 
 @attrs.frozen
@@ -134,6 +135,21 @@ def _infer_ewise_const(ins, a):
 def _ref_ewise_const(ins, a):
     (x,) = ins
     return EWISE[a["fn"]](x, torch.tensor(a["value"], dtype=x.dtype)).to(x.dtype)
+
+
+def _infer_log2_scale(ins, a):
+    (x,) = ins
+    if x.dtype not in (DType.int32, DType.int64):
+        raise ShapeError(f"log2_scale takes integers, got {x}")
+    if a["divisor"] < 1 or a["scale"] < 0:
+        raise ShapeError(f"log2_scale needs divisor >= 1 and scale >= 0, got {a['divisor']} and {a['scale']}")
+    return attrs.evolve(x, dtype=DType.int32)
+
+
+def _ref_log2_scale(ins, a):
+    # float32 throughout, as the engines' Triton heuristic computes it; log2(0) = -inf, then 1
+    f = torch.log2(ins[0].to(torch.float32) / a["divisor"])
+    return (torch.clamp(f, min=1.0) * a["scale"]).to(torch.int32)
 
 
 def _infer_ragged_gather(ins, a):
@@ -255,6 +271,9 @@ OPS: dict[Op, OpInfo] = {
                        doc="[n, m] -> [n*m], row-major (per-request rows to per-token values)"),
     Op.clamp: OpInfo(1, {"lo": int, "hi": int}, _infer_clamp, lambda ins, a: ins[0].clamp(a["lo"], a["hi"]), True,
                      doc="min(max(x, lo), hi): a value kept inside [lo, hi] (lengths, split counts)"),
+    Op.log2_scale: OpInfo(1, {"scale": int, "divisor": int}, _infer_log2_scale, _ref_log2_scale, True,
+                          doc="int32(scale * max(log2(x / divisor), 1)) in float32: split-KV heuristics' "
+                              "SM-count term (x >= 0)"),
     Op.gather_rows: OpInfo(3, {}, ix.infer_gather_rows, ix.ref_gather_rows, True,
                            doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row; a row "
                                "outside the table reads row 0"),

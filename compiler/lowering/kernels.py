@@ -64,6 +64,11 @@ def k_clamp(x, lo, hi, out=None):
     return _into(x.clamp(lo, hi), out)
 
 
+def k_log2_scale(x, scale, divisor, out=None):
+    f = torch.log2(x.to(torch.float32) / divisor)
+    return _into((f.clamp(min=1.0) * scale).to(torch.int32), out)
+
+
 def k_reduce(x, fn, out=None):
     r = REDUCE[fn](x).to(x.dtype) if x.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
     return r if out is None else out.copy_(r)
@@ -162,7 +167,8 @@ def k_gather_rows(table, rows, cols, out=None):
 
 KERNELS: dict[Op, Callable] = {
     Op.outer: k_outer, Op.gather_rows: k_gather_rows, Op.flatten: k_flatten,
-    Op.clamp: k_clamp, Op.slice: k_slice, Op.split_at: k_split_at, Op.compare: k_compare, Op.where: k_where,
+    Op.clamp: k_clamp, Op.log2_scale: k_log2_scale, Op.slice: k_slice, Op.split_at: k_split_at,
+    Op.compare: k_compare, Op.where: k_where,
     Op.page_table: k_page_table, Op.repeat: k_repeat, Op.lookup: k_lookup, Op.sort_rows: k_sort_rows,
     Op.reduce_rows: k_reduce_rows, Op.copy: k_copy,
     Op.full: k_full, Op.arange: k_arange, Op.cumsum: k_cumsum, Op.cast: k_cast, Op.ewise: k_ewise,

@@ -255,6 +255,11 @@ def _emit_clamp(e, n: Node, f: str) -> str:
     return e.emit(e.name(n, f), f"tl.minimum(tl.maximum({e.val(n.inputs[0], f)}, {n.a['lo']}), {n.a['hi']})")
 
 
+def _emit_log2_scale(e, n: Node, f: str) -> str:
+    x = f"{e.val(n.inputs[0], f)}.to(tl.float32) / {float(n.a['divisor'])}"
+    return e.emit(e.name(n, f), f"(tl.maximum(tl.log2({x}), 1.0) * {n.a['scale']}).to(tl.int32)")
+
+
 def _emit_compare(e, n: Node, f: str) -> str:
     a, b = (e.val(x, f) for x in n.inputs)
     return e.emit(e.name(n, f), f"({a} {CMP[n.a['fn']]} {b})")
@@ -278,6 +283,7 @@ ROWFORMS: dict[Op, RowForm] = {
     Op.ewise_const: RowForm(_ewise_const_ok, _emit_ewise_const),
     Op.cast: RowForm(_elementwise, _emit_cast),
     Op.clamp: RowForm(_elementwise, _emit_clamp),
+    Op.log2_scale: RowForm(_elementwise, _emit_log2_scale),
     Op.compare: RowForm(_elementwise, _emit_compare),
     Op.where: RowForm(_elementwise, _emit_where),
     Op.copy: RowForm(_elementwise, _same),

@@ -32,6 +32,7 @@ CASES = {
     Op.reduce_rows: ([i32(3, 1, 2, 9, 0, 5).view(2, 3)], {"fn": "sum"}),
     Op.copy: ([i32(1, 2)], {}),
     Op.clamp: ([i32(-3, 4, 99)], {"lo": 1, "hi": 8}),
+    Op.log2_scale: ([i32(0, 64, 256, 300, 4096)], {"scale": 132, "divisor": 64}),
     Op.outer: ([i32(5, 9), i32(0, 1, 2)], {"fn": "sub"}),
     Op.flatten: ([i32(1, 2, 3, 4, 5, 6).view(2, 3)], {}),
     Op.gather_rows: ([torch.arange(8, dtype=torch.int32).view(2, 4), T([1, 0]), i32(0, 3, -1, 4).view(2, 2)], {}),
@@ -66,6 +67,13 @@ def test_page_table_hand_computed():
 
 def test_clamp_hand_computed():
     assert OPS[Op.clamp].ref([i32(-3, 4, 99)], {"lo": 1, "hi": 8}).tolist() == [1, 4, 8]
+
+
+def test_log2_scale_hand_computed():
+    # 132 SMs: up to 128 tokens the term is 132 (log2 <= 1); 256 -> 2*132; 4096 -> 6*132;
+    # 300 -> int(132 * log2(300/64)) = int(132 * 2.2288) = 294
+    out = OPS[Op.log2_scale].ref([i32(0, 64, 128, 256, 300, 4096)], {"scale": 132, "divisor": 64})
+    assert out.tolist() == [132, 132, 132, 264, 294, 792] and out.dtype == torch.int32
 
 
 def test_every_op_has_a_kernel_and_a_case_or_its_own_test():

@@ -97,20 +97,28 @@ def test_flashattention_page_table_hand_computed():
     assert int(m.max_seq_len_q) == 1 and int(m.max_seq_len_k) == 8
 
 
-@pytest.mark.parametrize("seqs,splits", [
-    ([100, 85, 100, 90], [1, 1, 1, 1]),  # within 25 %: min := max, one split each
-    ([100, 70, 100, 90], [2, 2, 2, 2]),  # ceil(100/70) = 2 splits of 50
-    ([128, 1, 64, 16], [8, 1, 4, 1]),  # capped at 8 splits of 16
+@pytest.mark.parametrize("seqs,sms,splits", [
+    # one SM: the SM-count term asks for one split, so the length term alone decides
+    ([100, 85, 100, 90], 1, [1, 1, 1, 1]),  # within 25 %: min := max, one split each
+    ([100, 70, 100, 90], 1, [2, 2, 2, 2]),  # ceil(100/70) = 2 splits of 50
+    ([128, 1, 64, 16], 1, [8, 1, 4, 1]),  # capped at 8 splits of 16
+    # an H200 (132 SMs), 32 query heads over 8 KV heads: 8 blocks per request, a grid of 32 for 4
+    # requests; cores = int(132 * max(log2(100/64), 1)) = 132 -> ceil(132/32) = 5 splits of 20
+    ([100, 85, 100, 90], 132, [5, 5, 5, 5]),
+    # one request of 256: cores = int(132 * log2(4)) = 264, grid 8 -> min(33, 8) = 8 splits of 32
+    ([256], 132, [8]),
 ])
-def test_triton_split_heuristic_hand_computed(seqs, splits):
-    cb = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L))
-    be = cb.instantiate(make_pool(ROWS, L, seed=0))
+def test_triton_split_heuristic_hand_computed(seqs, sms, splits):
+    bs = len(seqs)
+    cb = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(bs,), max_context_len=256, sm_count=sms))
+    be = cb.instantiate(make_pool(ROWS, 256, seed=0))
     seq = torch.tensor(seqs, dtype=torch.int32)
-    fb = ForwardBatch(ForwardMode.DECODE, 4, req_pool_indices=torch.tensor([1, 2, 3, 4]), seq_lens=seq,
+    fb = ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=torch.arange(1, bs + 1), seq_lens=seq,
                       seq_lens_cpu=seq.clone())
     be.init_forward_metadata(fb)
     assert be.forward_metadata.num_kv_splits.tolist() == splits
-    assert get_eager("triton")(make_pool(ROWS, L), 4).init_forward_metadata(fb).num_kv_splits.tolist() == splits
+    twin = get_eager("triton")(make_pool(ROWS, 256), 4, sm_count=sms)
+    assert twin.init_forward_metadata(fb).num_kv_splits.tolist() == splits
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

@@ -86,6 +86,28 @@ def test_a_per_size_constant_does_not_leak_into_another_size():
         assert (int(m.tbo0_num_token_non_padded), int(m.tbo1_num_token_non_padded)) == (c0, c1)
 
 
+def test_a_value_derived_from_a_per_size_constant_is_per_size_too():
+    """A scalar of a bs-long constant (a launch grid of bs * blocks) has a bs-free shape but a
+    bs-dependent value: an op over it used to be taken for a constant shared by every size."""
+    from attnmeta.compiler import BackendSpec, ForwardMode
+    from attnmeta.compiler.ir import DType, SpecBuilder
+
+    def build(mode, options):
+        b = SpecBuilder("grid")
+        seq = b.input("seq_lens", DType.int32, ["bs"], fill=1, mirror="seq_lens_cpu")
+        with b.in_graph():
+            grid = b.ewise("max", b.reduce("sum", b.full(3, ["bs"], DType.int32)), 1)
+            per = b.ewise("ceildiv", b.ewise("add", seq, 0), grid)
+        b.outputs(grid=grid, per=per)
+        return b.build()
+
+    opts = CompileOptions(max_bs=8, capture_sizes=(2, 8), max_context_len=32)
+    be = compile_backend(BackendSpec("grid", build, (ForwardMode.DECODE,)), opts).instantiate(make_pool(20, 32))
+    for bs in (8, 2, 5, 8):
+        be.init_forward_metadata(make_batch(bs, 32, 20, seed=bs))
+        assert int(be.forward_metadata.grid) == 3 * bs
+
+
 def test_the_verifier_rejects_overlapping_buffers():
     text = """graph "g" [] {
   input %seq_lens: i32[bs]@device batch fill=1
