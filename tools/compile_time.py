@@ -7,6 +7,7 @@ by side in one process.
     python tools/compile_time.py              # every mode each backend supports
     python tools/compile_time.py --decode     # decode (and idle, which shares its plans) only
     python tools/compile_time.py --dumps tbo_triton
+    python tools/compile_time.py --artifacts      # compile vs loading a saved artifact, per backend
 """
 
 import argparse
@@ -57,13 +58,44 @@ def dump_cost(name: str, repeat: int) -> None:
         print(f"| {label} | {plans} | {s:.2f} | {s / rows[0][2]:.2f}x | {files} | {size / 1e6:.2f} |")
 
 
+def artifact_cost(repeat: int) -> None:
+    """Every backend, every mode, default sizes: compiling against loading its saved artifact."""
+    from attnmeta.compiler import load_compiled
+
+    rows = []
+    for name in list_backends():
+        opts = CompileOptions(max_bs=256, page_size=256 if name == "dsv4" else 1,
+                              modes=tuple(m.name.lower() for m in get_spec(name).modes))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "a.attnmeta")
+            best_c = best_l = float("inf")
+            for _ in range(repeat):
+                t = time.perf_counter()
+                cb = compile_backend(name, opts)
+                best_c = min(best_c, time.perf_counter() - t)
+                cb.save(path)
+                t = time.perf_counter()
+                load_compiled(path)
+                best_l = min(best_l, time.perf_counter() - t)
+            rows.append((name, len(cb.plans), best_c, best_l, os.path.getsize(path)))
+    print(f"best of {repeat}")
+    print("| backend | plans | compile s | load s | compile/load | artifact KB |\n|---|---:|---:|---:|---:|---:|")
+    for name, plans, c, lo, size in rows:
+        print(f"| {name} | {plans} | {c:.3f} | {lo:.3f} | {c / lo:.1f}x | {size / 1e3:.0f} |")
+    c, lo = sum(r[2] for r in rows), sum(r[3] for r in rows)
+    print(f"| all | {sum(r[1] for r in rows)} | {c:.2f} | {lo:.2f} | {c / lo:.1f}x | |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--decode", action="store_true", help="decode plans only")
     p.add_argument("--dumps", metavar="BACKEND", help="measure what dumps cost on this backend's compile")
-    p.add_argument("--repeat", type=int, default=3, help="with --dumps: runs per column, the best is kept")
+    p.add_argument("--artifacts", action="store_true", help="compile vs load a saved artifact")
+    p.add_argument("--repeat", type=int, default=3, help="with --dumps/--artifacts: runs per row, the best is kept")
     a = p.parse_args()
-    if a.dumps:
+    if a.artifacts:
+        artifact_cost(a.repeat)
+    elif a.dumps:
         dump_cost(a.dumps, a.repeat)
     else:
         every_backend(a.decode)
