@@ -21,17 +21,39 @@ from __future__ import annotations
 
 import torch
 
+from attnmeta.compiler.ir.errors import UserError
+
 from .planners import PlanError
 
 PLANNER = "flashinfer.decode_plan"
+# The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
+# adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
+MIN_VERSION = (0, 6)
+
+
+class FlashInferVersionError(UserError):
+    """FlashInfer is missing, or older than the API this adapter calls."""
+
+
+def _flashinfer():
+    try:
+        import flashinfer
+    except ImportError as e:
+        raise FlashInferVersionError(f"FlashInfer is not installed ({e}); pip install 'attnmeta[flashinfer]', or "
+                                     "serve a backend without a host planner (triton, flashattention)") from None
+    raw = getattr(flashinfer, "__version__", "0")
+    parts = tuple(int(p) for p in raw.split("+")[0].split(".")[:2] if p.isdigit())
+    if parts < MIN_VERSION:
+        raise FlashInferVersionError(f"FlashInfer {raw} is older than {'.'.join(map(str, MIN_VERSION))}, whose "
+                                     "graph-mode decode wrapper this adapter binds (paged_kv_*_buffer keywords); "
+                                     "pip install -U 'flashinfer-python>=0.6'")
+    return flashinfer
 
 
 class FlashInferDecodeAdapter:
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
                  kv_dtype=torch.bfloat16, workspace_bytes: int = 128 << 20):
-        import flashinfer  # the optional extra: fail here, clearly, not deep inside a step
-
-        self.fi, self.backend = flashinfer, backend
+        self.fi, self.backend = _flashinfer(), backend  # the optional extra: fail here, not inside a step
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=backend.device)
