@@ -68,10 +68,10 @@ def planner_for(backend: str, dev, choice: str = "auto") -> str:
     """Which planner the flashinfer columns run: 'flashinfer' (its real plan()), 'stand-in', or 'none'."""
     if backend not in PLANNED:
         return "none"
+    real = dev.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
     if choice == "auto":
-        real = dev.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
         return "flashinfer" if real else "stand-in"
-    if choice == "flashinfer" and (dev.type != "cuda" or importlib.util.find_spec("flashinfer") is None):
+    if choice == "flashinfer" and not real:
         raise OptionsError("--planner flashinfer needs a CUDA device and FlashInfer (pip install .[flashinfer])")
     return choice
 

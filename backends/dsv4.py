@@ -42,7 +42,7 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
             compress: bool = True) -> dict:
     """raw -> full for ``rows`` query tokens of causal lengths ``seq`` (pool rows ``rpi``, KV
     slots ``out_loc``). Without ``compress`` (draft extend) only the SWA fields and the page table."""
-    full = {"seq_lens_casual": b.ewise("add", seq, 0), "raw_out_loc": b.ewise("add", out_loc, 0)}
+    full = {"seq_lens_casual": b.copy(seq), "raw_out_loc": b.copy(out_loc)}
     pos = b.ewise("sub", seq, 1)
     full["positions"] = pos
     full["swa_topk_lengths"] = b.ewise("min", seq, SWA)

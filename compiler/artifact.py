@@ -28,6 +28,8 @@ import time
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
 
+import attrs
+
 from .ir.errors import UnknownName, UserError
 from .options import CompileOptions
 from .pipeline import lower_stages
@@ -64,11 +66,14 @@ def code_hash() -> str:
     return h.hexdigest()
 
 
+NOT_PLANS = ("dump_dir", "dump_bs", "dump_modes", "verify_each", "force")  # options no plan depends on
+
+
 def _options_dict(o: CompileOptions) -> dict:
-    """The options that shape the plans (dumps and pass selection do not)."""
-    return {"max_bs": o.max_bs, "capture_sizes": list(o.sizes), "modes": [m.name.lower() for m in o.modes],
-            "page_size": o.page_size, "max_context_len": o.max_context_len, "num_draft_tokens": o.num_draft_tokens,
-            "topk": o.topk, "num_steps": o.num_steps, "index_topk": o.index_topk,
+    """Every option that shapes the plans, as JSON; ``CompileOptions(**d)`` rebuilds them (its
+    converters take the lists back)."""
+    d = {f.name: getattr(o, f.name) for f in attrs.fields(CompileOptions) if f.name not in NOT_PLANS}
+    return {**d, "capture_sizes": list(o.sizes), "modes": [m.name.lower() for m in o.modes],
             "disabled_passes": list(o.disabled_passes)}
 
 
@@ -122,9 +127,7 @@ def read(path: str, spec: BackendSpec | str | None = None):
     except UnknownName as e:
         raise ArtifactError(f"compiled artifact {path!r} was compiled from spec {ref!r}, which this process cannot "
                             f"find ({e}); install it, or pass it: load_compiled(path, spec=...)") from None
-    o = saved["options"]
-    options = CompileOptions(**{**o, "capture_sizes": tuple(o["capture_sizes"]), "modes": tuple(o["modes"]),
-                                "disabled_passes": tuple(o["disabled_passes"])})
+    options = CompileOptions(**saved["options"])
     now = key(spec, options)
     stale = [k for k in ("format", "attnmeta", "torch", "triton", "code", "spec", "spec_source")
              if saved.get(k) != now[k]]

@@ -22,7 +22,7 @@ def build(mode, options):
     with b.in_graph():  # recorded into the CUDA graph: every replay recomputes it from the staged batch
         # the page of each P-token block, as many columns as the longest sequence can need: ceil(L/P)
         page_table = b.page_table(req_to_token, rows, seq_lens, page_size=options.page_size, width="W")
-        cache_seqlens = b.ewise("add", seq_lens, 0)
+        cache_seqlens = b.copy(seq_lens)
         cu_seqlens_k = b.cumsum(seq_lens)
     with b.out_graph():  # host work before every replay: only what a host planner reads
         indptr_host = b.cumsum(seq_lens_cpu)

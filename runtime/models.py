@@ -89,7 +89,7 @@ class DraftModel(DecodeModel):
 class DSV4Model(DecodeModel):
     """DeepSeek-V4-style sparse decode attention reading exactly the upgraded metadata: the SWA window
     (``swa_page_indices``, ``swa_topk_lengths``) in the SWA pool, and the c128 compressed entries
-    (``c128_page_indices``, -1 past ``c128_lens``) in the compressed pool, under one softmax. Static
+    (``c128_page_indices``, -1 past the completed 128-token blocks) in the compressed pool, under one softmax. Static
     shapes: captured with the metadata."""
 
     def __init__(self, swa_k, swa_v, c128_k, c128_v, max_bs: int, max_len: int):

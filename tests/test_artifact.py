@@ -38,6 +38,19 @@ def test_a_loaded_artifact_is_the_compile_it_came_from(name, tmp_path):
     assert loaded.summary() == cb.summary()
 
 
+def test_every_plan_shaping_option_survives_the_artifact(tmp_path):
+    """Options that change plans (the device and heads of triton's split heuristic, DSV4's top-k)
+    come back as they were: a size compiled on demand after loading must see them too."""
+    opts = CompileOptions(max_bs=8, capture_sizes=(2, 8), max_context_len=256, sm_count=78, num_heads=64,
+                          num_kv_heads=4, index_topk=1024, num_draft_tokens=3, modes=("decode", "target_verify"))
+    cb = compile_backend("triton", opts)
+    loaded = load_compiled(cb.save(str(tmp_path / "a.attnmeta")))
+    assert loaded.options == cb.options
+    from attnmeta.runtime import ForwardMode
+
+    assert loaded.specialize(ForwardMode.DECODE, 5).graph == cb.specialize(ForwardMode.DECODE, 5).graph
+
+
 def test_loaded_backend_serves_the_same_metadata(tmp_path):
     opts = CompileOptions(max_bs=8, capture_sizes=(4, 8), max_context_len=64, modes=("decode", "target_verify"))
     cb = compile_backend("flashinfer", opts)

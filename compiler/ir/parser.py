@@ -199,12 +199,7 @@ def _node(c: _Cursor) -> Node:
     except ValueError:
         c.fail(f"unknown op {word!r}; ops: {sorted(o.value for o in Op)}", at)
     c.expect("(", "'(' opening the operands")
-    ins = []
-    while not c.take(")"):
-        ins.append(c.ref())
-        if not c.take(","):
-            c.expect(")", "',' or ')' after an operand")
-            break
+    ins = _refs(c, ")", "',' or ')' after an operand")
     a = {}
     if c.take("{"):
         while not c.take("}"):
@@ -227,6 +222,17 @@ def _node(c: _Cursor) -> Node:
     return Node(name, op, tuple(ins), a, t, region, movable, origin), kernel
 
 
+def _refs(c: _Cursor, close: str, what: str) -> list[str]:
+    """Comma-separated value references up to ``close`` (the opening bracket already taken)."""
+    out = []
+    while not c.take(close):
+        out.append(c.ref())
+        if not c.take(","):
+            c.expect(close, what)
+            break
+    return out
+
+
 def _output(c: _Cursor) -> Output:
     field = c.name("a field name")
     c.expect("=", "'=' after the field name")
@@ -240,12 +246,7 @@ def _buffer(c: _Cursor) -> Buffer:
     space, use = c.enum(Space, "a buffer space"), c.enum(Use, "a buffer use")
     name = c.name("a buffer name")
     c.expect("[", "'[' opening the values")
-    vals = []
-    while not c.take("]"):
-        vals.append(c.ref())
-        if not c.take(","):
-            c.expect("]", "',' or ']'")
-            break
+    vals = _refs(c, "]", "',' or ']'")
     c.expect("offset=")
     off = c.int()
     c.expect("bytes=")

@@ -96,8 +96,8 @@ def differing(meta, want: dict) -> list[str]:
 
 def batch(mode, raw: int, rng: random.Random) -> ForwardBatch:
     hi = L - D if mode is VER else L
-    seq = [rng.choice(SPECIAL + [hi]) if rng.random() < 0.6 else rng.randint(1, hi) for _ in range(raw)]
-    seq = torch.tensor([min(s, hi) for s in seq], dtype=torch.int32)
+    seq = torch.tensor([rng.choice(SPECIAL + [hi]) if rng.random() < 0.6 else rng.randint(1, hi)
+                        for _ in range(raw)], dtype=torch.int32)
     rpi = torch.tensor(rng.sample(range(1, ROWS), raw), dtype=torch.int64)
     per = 1 if mode is DEC else D
     loc = torch.tensor([rng.randrange(ROWS * L) for _ in range(raw * per)], dtype=torch.int64)
