@@ -12,7 +12,14 @@ TRITON ?= triton==3.6.0
 SGLANG ?= sglang==0.5.23
 ORACLES := .cache/sglang/.downloaded
 
-.PHONY: setup demo test test-slow lint clean oracles
+# The SGLang integration's tests run against SGLang's real classes, in a second environment: SGLang
+# pins torch 2.14.1 (and its imports need torchvision), while the main one keeps the CPU torch.
+SGL_VENV  ?= .venv-sglang
+SGL_PY    := $(SGL_VENV)/bin/python
+SGL_STAMP := $(SGL_VENV)/.installed
+SGL_TORCH ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: setup demo test test-slow test-sglang sglang-venv lint clean oracles
 
 setup: $(STAMP)
 
@@ -31,9 +38,23 @@ oracles: $(ORACLES)
 $(ORACLES): | $(STAMP)
 	-$(PY) -m pip download -q --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
-test: $(STAMP) $(ORACLES)
+test: $(STAMP) $(ORACLES) $(SGL_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+	$(SGL_PY) -m pytest -q -p no:cacheprovider tests/integrations
+
+sglang-venv: $(SGL_STAMP)
+
+$(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORACLES)
+	python3 -m venv $(SGL_VENV)
+	$(SGL_PY) -m pip install -q --upgrade pip
+	$(SGL_PY) -m pip install -q $(SGL_TORCH)
+	$(SGL_PY) -m pip install -q --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
+	$(SGL_PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+test-sglang: $(SGL_STAMP)
+	$(SGL_PY) -m pytest -q tests/integrations
 
 test-slow: $(STAMP) $(ORACLES)
 	$(PY) -m pytest -q -m slow
@@ -42,4 +63,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .cache
+	rm -rf $(VENV) $(SGL_VENV) .pytest_cache .cache

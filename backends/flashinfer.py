@@ -65,12 +65,13 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token) ->
 
 
 def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token) -> Graph:
-    """Draft extend (EAGLE): queries are the accepted tokens (qo_indptr from extend_seq_lens), keys
-    the whole sequence. plan() gets host-known indptrs: the static stride T for queries and the
-    host mirror for keys, so replay never copies device indptrs back."""
-    ext = extend_lens(b)
+    """Draft extend (EAGLE, SGLang's V2 layout): T query slots per request at a fixed stride, the
+    accepted tokens first; keys are the whole sequence (seq_lens counts the T slots). The kernel
+    and plan() read the same qo_indptr: graph-mode plan() copies the host indptr it is given into
+    the buffer the kernel reads, so both are the static stride and the kv indptr comes from the
+    host mirror; replay never copies device indptrs back."""
     with b.in_graph():
-        qo_indptr = b.cumsum(ext, name="qo_indptr")
+        qo_indptr = b.arange("bs + 1", step=T, name="qo_indptr")
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
@@ -79,7 +80,7 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_tok
         kv_host = b.cumsum(seq_lens_cpu, name="kv_indptr_host")
         plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
-              kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+              qo_indptr_host=qo_host, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
     return b.build()
 
 

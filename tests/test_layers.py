@@ -1,5 +1,5 @@
 """Imports go one way: compiler.ir <- the compiler's base modules <- passes <- lowering <- the
-compiler's front door <- runtime <- backends <- app. A test walks every import statement (those
+compiler's front door <- runtime <- backends <- integrations <- app. A test walks every import statement (those
 inside functions too) and every importlib call with a literal name, and fails on an import circle
 or on a lower layer importing a higher one."""
 
@@ -10,7 +10,7 @@ import networkx as nx
 
 ROOT = pathlib.Path(__file__).parent.parent
 PACKAGES = {"compiler": "attnmeta.compiler", "runtime": "attnmeta.runtime", "backends": "attnmeta.backends",
-            "app": "attnmeta.app"}
+            "integrations": "attnmeta.integrations", "app": "attnmeta.app"}
 LAYERS = [  # (module prefix, layer): the longest matching prefix decides
     ("attnmeta.compiler.ir", 0),
     ("attnmeta.compiler.modes", 1), ("attnmeta.compiler.options", 1),
@@ -19,7 +19,8 @@ LAYERS = [  # (module prefix, layer): the longest matching prefix decides
     ("attnmeta.compiler", 4),  # spec registry, instruments, repro, pipeline, compile, the package's front door
     ("attnmeta.runtime", 5),
     ("attnmeta.backends", 6),
-    ("attnmeta.app", 7),
+    ("attnmeta.integrations", 7),  # engine adapters (SGLang): above the backends they serve
+    ("attnmeta.app", 8),
 ]
 
 

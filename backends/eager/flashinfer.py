@@ -64,8 +64,9 @@ class EagerFlashInferDecode:
         pad = torch.nn.functional.pad
         kv_indptr = pad(torch.cumsum(seq, 0, dtype=torch.int32), (1, 0))
         total = int(fb.seq_lens_cpu[:bs].sum())
+        qo = torch.arange(0, (bs + 1) * self.D, self.D, dtype=torch.int32)  # V2: T slots per request
         return SimpleNamespace(
-            qo_indptr=pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0)),
+            qo_indptr=qo.to(seq.device), qo_indptr_host=qo,
             kv_indptr=kv_indptr,
             kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total),
             kv_last_page_len=self.kv_last_page_len[:bs],

@@ -94,8 +94,11 @@ def test_inconsistent_sizes_and_modes_are_refused(compiled):
     _serves_next(be, compiled)
 
 
-def test_draft_extend_lengths_are_bounded_by_the_draft_tokens(compiled):
-    be = compiled.instantiate(make_pool(ROWS, L))
+def test_draft_extend_lengths_are_bounded_by_the_draft_tokens():
+    """A spec that reads the accepted lengths (flashattention's cu_seqlens_q) bounds them by D."""
+    fa = compile_backend("flashattention", CompileOptions(max_bs=BS, capture_sizes=(BS,), max_context_len=L,
+                                                          modes=("decode", "draft_extend")))
+    be = fa.instantiate(make_pool(ROWS, L))
     fb = good()
     fb.forward_mode = ForwardMode.DRAFT_EXTEND
     fb.extend_seq_lens_cpu = torch.tensor([1, 5, 2], dtype=torch.int32)

@@ -1,0 +1,1 @@
+"""Adapters that serve attnmeta-compiled backends to serving engines."""

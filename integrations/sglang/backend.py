@@ -1,0 +1,245 @@
+"""SGLang attention backends whose metadata attnmeta compiles.
+
+Each class subclasses SGLang's real ``AttentionBackend`` and serves SGLang's ``ForwardBatch`` (and
+its graph runner's replay view) in every mode SGLang captures: decode, idle, target verify, draft
+extend V2. The compiled backend does the metadata (out_graph: staging and planners; in_graph: the
+recorded kernel); ``forward_metadata`` is built in the shape of SGLang's own backend of that kind,
+so SGLang's kernels and model code read it unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from attnmeta.compiler import compile_backend
+from attnmeta.compiler.ir.errors import ContractError, OptionsError
+from attnmeta.runtime import BatchError
+
+from .attention import decode_by_indices, decode_by_page_table
+from .batch import BatchView
+from .options import compile_options
+
+try:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend as _SGLangBackend
+except ImportError as e:  # the optional extra: say so once, at import
+    raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
+
+
+class AttnmetaBackend(_SGLangBackend):
+    """The three-method contract over a compiled attnmeta backend of kind ``spec_name``."""
+
+    spec_name: str = ""
+
+    def __init__(self, compiled, req_to_token: torch.Tensor, *, num_heads: int, num_kv_heads: int, head_dim: int,
+                 v_head_dim: int | None = None, device=None, planners=None):
+        if compiled.spec.name != self.spec_name:
+            raise OptionsError(f"{type(self).__name__} serves attnmeta's {self.spec_name!r} spec; got a backend "
+                               f"compiled from {compiled.spec.name!r}")
+        self.compiled, self.options = compiled, compiled.options
+        self.inner = compiled.instantiate(req_to_token, device=device, planners=planners)
+        self.device = self.inner.device
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self._view = BatchView()
+        first = next(iter(compiled.generic.values()))
+        self._fill = first.input("seq_lens").fill
+        self.max_num_tokens = None
+        self.forward_metadata = None
+
+    @classmethod
+    def from_runner(cls, runner, compiled=None, **overrides):
+        """Built from SGLang's ``ModelRunner``: its server args, model config, pools and device. A
+        ``compiled`` backend (e.g. ``load_compiled(path)`` of an artifact) skips compiling."""
+        mc, tp = runner.model_config, getattr(runner, "tp_size", 1)
+        if compiled is None:
+            compiled = compile_backend(cls.spec_name, compile_options(runner.server_args, mc, **overrides))
+        return cls(compiled, runner.req_to_token_pool.req_to_token, num_heads=mc.num_attention_heads // tp,
+                   num_kv_heads=mc.get_num_kv_heads(tp), head_dim=mc.head_dim,
+                   v_head_dim=getattr(mc, "v_head_dim", None), device=runner.device)
+
+    # --- SGLang's graph-runner hooks ---
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        if max_bs > self.options.max_bs:
+            raise OptionsError(f"SGLang captures batches up to {max_bs} but the backend was compiled for "
+                               f"max_bs={self.options.max_bs}; compile with max_bs >= {max_bs} "
+                               "(compile_options(server_args) reads --cuda-graph-max-bs-decode)")
+        self.max_num_tokens = max_num_tokens
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return self._fill
+
+    # --- the contract ---
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        v = self._view.fill(forward_batch)
+        self.inner.init_forward_metadata_out_graph(v, in_capture)
+        self.forward_metadata = self._metadata(self.inner.forward_metadata, v)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        if self._view.source is not forward_batch:
+            raise ContractError("init_forward_metadata_in_graph got another batch than the last "
+                                "init_forward_metadata_out_graph; call them in pairs on the same batch")
+        self.inner.init_forward_metadata_in_graph(self._view)
+
+    def _metadata(self, m, v: BatchView):
+        """``forward_metadata`` in the shape SGLang's backend of this kind hands its kernels."""
+        raise NotImplementedError
+
+    # --- attention ---
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        pool = forward_batch.token_to_kv_pool
+        if save_kv_cache and k is not None:
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        self._decode(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o, layer)
+        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} computes attention in decode only: its forward_metadata "
+                                  "serves target verify and draft extend, but attention for them is not built yet")
+
+    def _decode(self, q, k_buf, v_buf, o, layer):
+        raise NotImplementedError
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class TritonBackend(AttnmetaBackend):
+    """SGLang's Triton backend's metadata (``triton_backend.ForwardMetadata``); attention by SGLang's
+    own split-KV decode kernel reading it (on a CPU, under ``TRITON_INTERPRET=1``)."""
+
+    spec_name = "triton"
+    max_kv_splits = 8  # the spec's MAX_SPLITS, SGLang's default --triton-attention-num-kv-splits
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        self._scratch(max_num_tokens)
+
+    def _scratch(self, tokens: int):
+        have = getattr(self, "attn_logits", None)
+        if have is None or have.shape[0] < tokens:
+            f32 = dict(dtype=torch.float32, device=self.device)
+            self.attn_logits = torch.zeros((tokens, self.num_heads, self.max_kv_splits, self.v_head_dim), **f32)
+            self.attn_lse = torch.zeros((tokens, self.num_heads, self.max_kv_splits), **f32)
+        return self.attn_logits, self.attn_lse
+
+    def _metadata(self, m, v):
+        from sglang.srt.layers.attention.triton_backend import ForwardMetadata
+
+        mode, none = v.forward_mode, dict(window_kv_indptr=None, window_kv_indices=None, window_num_kv_splits=None,
+                                          window_kv_offsets=None)
+        if mode.is_decode_or_idle():
+            logits, lse = self._scratch(self.max_num_tokens or self.options.max_bs)
+            return ForwardMetadata(attn_logits=logits, attn_lse=lse, max_extend_len=None,
+                                   num_kv_splits=m.num_kv_splits, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
+                                   qo_indptr=None, custom_mask=None, mask_indptr=None, **none)
+        verify = mode.is_target_verify()
+        mask = None
+        if verify and getattr(v.spec_info, "custom_mask", None) is not None:
+            mask = self._write_mask(m.custom_mask, v.spec_info.custom_mask)
+        return ForwardMetadata(attn_logits=None, attn_lse=None, max_extend_len=int(m.max_extend_len),
+                               num_kv_splits=None, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
+                               qo_indptr=m.qo_indptr, custom_mask=mask,
+                               mask_indptr=m.mask_indptr if verify else None, **none)
+
+    @staticmethod
+    def _write_mask(buf, mask):
+        """The drafter's tree mask into the static buffer the captured kernel reads (as SGLang does)."""
+        n = mask.numel()
+        if n > buf.numel():
+            raise BatchError(f"spec_info.custom_mask has {n} entries; the verify mask buffer holds {buf.numel()} "
+                             "(max_bs * D * (L + D)): the batch is longer than the backend was compiled for")
+        buf[:n].copy_(mask.reshape(-1), non_blocking=True)
+        return buf
+
+    def _decode(self, q, k_buf, v_buf, o, layer):
+        m = self.forward_metadata
+        if self.device.type == "cpu" and not _interpreted():  # no Triton on a CPU without the interpreter
+            return decode_by_indices(q, k_buf, v_buf, m.kv_indptr, m.kv_indices, self.options.max_context_len,
+                                     layer.scaling, o)
+        from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+
+        decode_attention_fwd(q, k_buf, v_buf, o, m.kv_indptr, m.kv_indices, m.attn_logits, m.attn_lse,
+                             m.num_kv_splits, self.max_kv_splits, layer.scaling,
+                             getattr(layer, "k_scale_float", None) or 1.0, getattr(layer, "v_scale_float", None) or 1.0,
+                             logit_cap=getattr(layer, "logit_cap", 0.0) or 0.0)
+        return o
+
+
+class FlashInferBackend(AttnmetaBackend):
+    """SGLang's FlashInfer backend's metadata (``DecodeMetadata`` / ``PrefillMetadata`` of planned
+    wrappers). With FlashInfer installed (GPU) the planners are FlashInfer's real ``plan()`` on
+    graph-mode wrappers bound to the compiled buffers; without it, attnmeta's stand-in planner,
+    and attention by the torch reference over ``kv_indptr``/``kv_indices``."""
+
+    spec_name = "flashinfer"
+
+    def __init__(self, compiled, req_to_token, *, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, **kw):
+        super().__init__(compiled, req_to_token, **kw)
+        self.flashinfer = None
+        if self.device.type == "cuda":
+            from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+
+            self.flashinfer = FlashInferDecodeAdapter(self.inner, self.num_heads, self.num_kv_heads, self.head_dim,
+                                                      q_dtype=q_dtype, kv_dtype=kv_dtype)
+
+    def _metadata(self, m, v):
+        from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata, PrefillMetadata
+
+        if v.forward_mode.is_decode_or_idle():
+            out = DecodeMetadata(decode_wrappers=[m.plan])
+        else:
+            out = PrefillMetadata(prefill_wrappers=[m.plan], use_ragged=False, extend_no_prefix=False)
+        out.fields = m  # the planned buffers (kv_indptr, kv_indices, kv_last_page_len, ...)
+        return out
+
+    def _decode(self, q, k_buf, v_buf, o, layer):
+        m = self.forward_metadata
+        w = m.decode_wrappers[0]
+        if self.flashinfer is not None:
+            _, hkv, d = k_buf.shape
+            return w.forward(q, (k_buf.view(-1, 1, hkv, d), v_buf.view(-1, 1, hkv, d)), sm_scale=layer.scaling,
+                             out=o)
+        f = m.fields
+        return decode_by_indices(q, k_buf, v_buf, f.kv_indptr, f.kv_indices, self.options.max_context_len,
+                                 layer.scaling, o)
+
+
+class FlashAttentionBackend(AttnmetaBackend):
+    """SGLang's FlashAttention backend's metadata (``FlashAttentionMetadata``: cache_seqlens_int32,
+    cu_seqlens_q/k, page_table, max_seq_len_q/k). Attention by the torch reference over the page
+    table: FlashAttention-3 ships in SGLang's GPU kernel package, which this integration does not need."""
+
+    spec_name = "flashattention"
+
+    def _metadata(self, m, v):
+        return FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
+                                      max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.cu_seqlens_q,
+                                      cu_seqlens_k=m.cu_seqlens_k, page_table=m.page_table)
+
+    def _decode(self, q, k_buf, v_buf, o, layer):
+        m = self.forward_metadata
+        return decode_by_page_table(q, k_buf, v_buf, m.page_table, m.cache_seqlens_int32, self.options.page_size,
+                                    self.options.max_context_len, layer.scaling, o)
+
+
+def _flash_attention_metadata():
+    """SGLang's class where it imports (it needs SGLang's GPU kernel package), else one with its fields."""
+    try:
+        from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata as cls
+    except ImportError:
+        import dataclasses
+
+        cls = dataclasses.make_dataclass("FlashAttentionMetadata", [
+            ("cache_seqlens_int32", torch.Tensor, None), ("max_seq_len_q", int, 1), ("max_seq_len_k", int, 0),
+            ("cu_seqlens_q", torch.Tensor, None), ("cu_seqlens_k", torch.Tensor, None),
+            ("window_size", tuple, (-1, -1)), ("page_table", torch.Tensor, None)])
+    return cls
+
+
+FlashAttentionMetadata = _flash_attention_metadata()
+KINDS = {c.spec_name: c for c in (TritonBackend, FlashInferBackend, FlashAttentionBackend)}

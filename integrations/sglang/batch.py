@@ -1,0 +1,72 @@
+"""SGLang's batches and modes, as a compiled attnmeta backend stages them.
+
+Nothing here imports SGLang: a batch is read by attribute, so SGLang's real ``ForwardBatch`` and
+the replay view its CUDA-graph runner builds (``build_replay_fb_view``) are read the same way.
+
+Who pads. SGLang's graph runner copies a replayed batch into its capture-time buffers and fills
+the padded rows with ``get_cuda_graph_seq_len_fill_value()`` (and pool row 0); the view it hands
+the backend has those ``[:bs]`` buffers, ``num_padding = bs - raw_bs`` and the runtime mode in
+``actual_forward_mode``. attnmeta reads only the ``raw_bs`` live rows and pads the rest itself with
+the fill values the spec declares (checked by check-split to be safe to read). The two agree,
+because ``get_cuda_graph_seq_len_fill_value()`` returns the spec's fill, but the metadata never
+depends on the engine's padding: a fill that the spec did not declare cannot reach a kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnmeta.compiler.modes import ForwardMode
+from attnmeta.runtime import BatchError
+
+# SGLang's mode name -> attnmeta's. SGLang's DSV4 and EAGLE serve draft extend in its V2 layout only
+# (T query slots per request), which is the layout attnmeta's DRAFT_EXTEND plans.
+MODES = {"DECODE": ForwardMode.DECODE, "IDLE": ForwardMode.IDLE, "TARGET_VERIFY": ForwardMode.TARGET_VERIFY,
+         "DRAFT_EXTEND_V2": ForwardMode.DRAFT_EXTEND, "EXTEND": ForwardMode.EXTEND, "MIXED": ForwardMode.MIXED}
+
+
+def attnmeta_mode(mode) -> ForwardMode:
+    """attnmeta's mode for an SGLang ``ForwardMode`` (matched by name, so SGLang's enum values may move)."""
+    m = MODES.get(getattr(mode, "name", None))
+    if m is None:
+        raise BatchError(f"SGLang forward mode {getattr(mode, 'name', mode)!r} has no attnmeta counterpart; "
+                         f"attnmeta serves {sorted(MODES)}")
+    return m
+
+
+def _first(*xs):
+    return next((x for x in xs if x is not None), None)
+
+
+class BatchView:
+    """One SGLang batch under attnmeta's field names. One view per backend, refilled every step
+    (a step allocates nothing); ``forward_mode`` is the graph's mode, ``actual_forward_mode`` the
+    batch's, ``raw_batch_size`` its live rows."""
+
+    __slots__ = ("batch_size", "forward_mode", "actual_forward_mode", "raw_batch_size", "req_pool_indices",
+                 "req_pool_indices_cpu", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc", "positions",
+                 "extend_seq_lens", "extend_seq_lens_cpu", "extend_prefix_lens", "extend_prefix_lens_cpu",
+                 "spec_info", "source")
+
+    def fill(self, fb: Any) -> BatchView:
+        bs = fb.batch_size
+        mode = attnmeta_mode(fb.forward_mode)
+        actual = attnmeta_mode(getattr(fb, "actual_forward_mode", None) or fb.forward_mode)
+        padding = getattr(fb, "num_padding", 0) or 0
+        self.batch_size, self.forward_mode, self.actual_forward_mode = bs, mode, actual
+        self.raw_batch_size = 0 if actual.is_idle() else bs - padding
+        self.req_pool_indices, self.seq_lens, self.seq_lens_cpu = fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu
+        self.req_pool_indices_cpu = getattr(fb, "req_pool_indices_cpu", None)
+        self.seq_lens_sum = getattr(fb, "seq_lens_sum", None)
+        self.out_cache_loc = getattr(fb, "out_cache_loc", None)
+        self.positions = getattr(fb, "positions", None)
+        spec = self.spec_info = getattr(fb, "spec_info", None)
+        self.extend_prefix_lens = getattr(fb, "extend_prefix_lens", None)
+        self.extend_prefix_lens_cpu = getattr(fb, "extend_prefix_lens_cpu", None)
+        self.extend_seq_lens = getattr(fb, "extend_seq_lens", None)
+        self.extend_seq_lens_cpu = getattr(fb, "extend_seq_lens_cpu", None)
+        if mode is ForwardMode.DRAFT_EXTEND and spec is not None:  # V2 keeps the accepted counts on spec_info
+            self.extend_seq_lens = _first(self.extend_seq_lens, getattr(spec, "extend_seq_lens_tensor", None))
+            self.extend_seq_lens_cpu = _first(self.extend_seq_lens_cpu, getattr(spec, "extend_seq_lens_cpu", None))
+        self.source = fb
+        return self
