@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import time
 
 import torch
 
@@ -24,7 +25,7 @@ from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def serve(compiled, steps: int, device: torch.device, seed: int = 0) -> int:
+def serve(compiled, steps: int, device: torch.device, seed: int = 0, started: float | None = None) -> int:
     opts = compiled.options
     L, P, rows = opts.max_context_len, opts.page_size, opts.max_bs + 1
     # the engine's pool: row 0 reserved for padding; request r's tokens in whole pages of its own
@@ -42,7 +43,7 @@ def serve(compiled, steps: int, device: torch.device, seed: int = 0) -> int:
         with graphs[bs].capture():
             backend.init_forward_metadata_in_graph(fb)
     rng = random.Random(seed)
-    for _ in range(steps):
+    for step in range(steps):
         raw = rng.randint(1, max(sizes))
         reqs = rng.sample(range(1, rows), raw)
         lens = [rng.randint(1, L) for _ in reqs]
@@ -50,6 +51,10 @@ def serve(compiled, steps: int, device: torch.device, seed: int = 0) -> int:
         bs = min(s for s in sizes if s >= raw)  # the captured size this batch pads up to
         backend.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
         graphs[bs].replay()
+        if step == 0 and started is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            print(f"start to first replay: {time.perf_counter() - started:.2f} s")
         pt = backend.forward_metadata.page_table.cpu()
         for i, (r, n) in enumerate(zip(reqs, lens, strict=True)):  # what the kernel reads of each row
             pages = -(-n // P)
@@ -63,19 +68,28 @@ def batch(reqs: list[int], lens: list[int], device) -> ForwardBatch:
                         seq_lens=seq.to(device), seq_lens_cpu=seq)
 
 
+def _triton_cache() -> set[str] | None:
+    d = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return set(os.listdir(d)) if os.path.isdir(d) else set()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--artifact", help="a file written by `attnmeta compile ... --out` (default: compile here)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)
+    started, kernels = time.perf_counter(), _triton_cache()
     if a.artifact:
         compiled = load_compiled(a.artifact)
     else:
         opts = CompileOptions(max_bs=32, capture_sizes=(1, 4, 16, 32), page_size=16, max_context_len=1024)
         compiled = compile_backend(os.path.join(HERE, "mine.py") + ":SPEC", opts)
-    n = serve(compiled, a.steps, torch.device(a.device))
+    print(f"{'loaded' if a.artifact else 'compiled'} in {time.perf_counter() - started:.2f} s")
+    n = serve(compiled, a.steps, torch.device(a.device), started=started)
     print(f"served {n} steps of {compiled.spec.name} on {a.device}: every page table checked")
+    if kernels is not None:  # Triton caches each compiled kernel in a directory of its own
+        print(f"Triton kernels compiled by this start: {len(_triton_cache() - kernels)}")
     return 0
 
 
