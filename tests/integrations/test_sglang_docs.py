@@ -1,0 +1,32 @@
+"""The README's SGLang snippets and the SGLang launcher example run (or, for the launcher, which
+needs a GPU and a model, import and register) where SGLang is installed."""
+
+import importlib.util
+import os
+
+import pytest
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+from tests.test_readme import SNIPPETS, needs_sglang, run_snippet
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SGLANG_SNIPPETS = [k for k, s in enumerate(SNIPPETS) if needs_sglang(s)]
+
+
+def test_the_readme_has_an_sglang_snippet():
+    assert SGLANG_SNIPPETS
+
+
+@pytest.mark.parametrize("k", SGLANG_SNIPPETS)
+def test_readme_sglang_snippet_runs(k, capsys):
+    run_snippet(k)
+    assert "sglang.srt.layers.attention.triton_backend [0, 5, 305]" in capsys.readouterr().out
+
+
+def test_the_launcher_registers_the_backends():
+    spec = importlib.util.spec_from_file_location("sglang_server", os.path.join(ROOT, "examples", "sglang_server.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.BACKENDS == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_flashattention"]
+    assert all(n in ATTENTION_BACKENDS for n in mod.BACKENDS)
+    assert callable(mod.main)
