@@ -26,6 +26,7 @@ from attnmeta.compiler.ir.errors import UserError
 from .planners import PlanError
 
 PLANNER = "flashinfer.decode_plan"
+PREFILL_PLANNER = "flashinfer.prefill_plan"
 # The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
 # adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
 MIN_VERSION = (0, 6)
@@ -51,33 +52,49 @@ def _flashinfer():
 
 
 class FlashInferDecodeAdapter:
+    """Graph-mode FlashInfer wrappers for every planner node of a compiled backend: decode
+    (``flashinfer.decode_plan``) and, for target verify and draft extend, the paged prefill wrapper
+    (``flashinfer.prefill_plan``). ``use_tensor_cores`` (decode) defaults to SGLang's rule: on for
+    grouped-query attention with 4 or more query heads per KV head."""
+
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
-                 kv_dtype=torch.bfloat16, workspace_bytes: int = 128 << 20):
+                 kv_dtype=torch.bfloat16, workspace_bytes: int = 128 << 20, use_tensor_cores: bool | None = None):
         self.fi, self.backend = _flashinfer(), backend  # the optional extra: fail here, not inside a step
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
+        self.tensor_cores = num_qo_heads // num_kv_heads >= 4 if use_tensor_cores is None else use_tensor_cores
         self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=backend.device)
         self.wrappers: dict[tuple, object] = {}
+        self._ones: dict[int, torch.Tensor] = {}
         backend.planners[PLANNER] = self.plan
+        backend.planners[PREFILL_PLANNER] = self.plan_prefill
 
-    def wrapper(self, key: str):
-        """The wrapper of planner node ``key`` in the binding being planned (mode and batch size)."""
+    def _fields(self, key: str, names: tuple[str, ...], what: str) -> list:
+        prefix, m = key.removesuffix("plan"), self.backend.planning.meta
+        try:
+            return [getattr(m, prefix + f) for f in names]
+        except AttributeError:
+            raise PlanError(f"planner node {key!r} has no {'/'.join(prefix + f for f in names)} fields to bind a "
+                            f"FlashInfer {what} wrapper to") from None
+
+    def _cached(self, key: str, make):
         b = self.backend.planning
-        prefix = key.removesuffix("plan")
-        wkey = (b.mode, b.plan.graph.env["bs"], prefix)
+        wkey = (b.mode, b.plan.graph.env["bs"], key)
         w = self.wrappers.get(wkey)
         if w is None:
-            m = b.meta
-            try:
-                bufs = [getattr(m, prefix + f) for f in ("kv_indptr", "kv_indices", "kv_last_page_len")]
-            except AttributeError:
-                raise PlanError(f"planner node {key!r} has no {prefix}kv_indptr/kv_indices/kv_last_page_len "
-                               "fields to bind a FlashInfer decode wrapper to") from None
-            w = self.wrappers[wkey] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=bufs[0],
-                paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
-            w.attnmeta_empty_indices = bufs[1][:0]
+            w = self.wrappers[wkey] = make()
         return w
+
+    def wrapper(self, key: str):
+        """The decode wrapper of planner node ``key`` in the binding being planned (mode and batch size)."""
+        def make():
+            bufs = self._fields(key, ("kv_indptr", "kv_indices", "kv_last_page_len"), "decode")
+            w = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
+                paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
+            w.attnmeta_empty_indices = bufs[1][:0]
+            return w
+        return self._cached(key, make)
 
     def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "plan"):
         w = self.wrapper(key)
@@ -85,6 +102,68 @@ class FlashInferDecodeAdapter:
         w.plan(indptr_host, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
                q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         return w
+
+    def prefill_wrapper(self, key: str):
+        """The paged prefill wrapper of ``key``: on the plan's qo/kv indptr, kv indices and last-page
+        buffers; in target verify (a ``custom_mask`` field) with packed-mask buffers of its own, which
+        plan() fills from the drafter's mask."""
+        def make():
+            qo, kv, idx, last = self._fields(key, ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
+                                             "prefill")
+            mask = getattr(self.backend.planning.meta, "custom_mask", None)
+            extra = {}
+            if mask is not None:  # one bit per mask entry, plus a byte of rounding per request
+                extra = dict(custom_mask_buf=torch.empty(mask.numel() // 8 + qo.numel(), dtype=torch.uint8,
+                                                         device=qo.device),
+                             mask_indptr_buf=torch.empty_like(qo))
+            w = self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=kv,
+                paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra)
+            w.attnmeta_empty_indices, w.attnmeta_mask = idx[:0], mask
+            return w
+        return self._cached(key, make)
+
+    def plan_prefill(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "plan"):
+        """Target verify: the tree mask the drafter wrote into ``custom_mask`` (rows of ``qo_len x kv_len``
+        per request, as FlashInfer lays it out), no causal mask. Draft extend: causal."""
+        w = self.prefill_wrapper(key)
+        bs = qo_indptr_host.shape[0] - 1
+        ones = self._ones.get(bs)
+        if ones is None:
+            ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
+        hq, hkv, d = self.heads
+        packed = None
+        if w.attnmeta_mask is not None:
+            packed, indptr = pack_mask(w.attnmeta_mask, qo_indptr_host, kv_indptr_host)
+        w.plan(qo_indptr_host, kv_indptr_host, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
+               packed_custom_mask=packed, causal=packed is None, q_data_type=self.dtypes[0],
+               kv_data_type=self.dtypes[1])
+        if packed is not None:  # plan() stores the unpacked offsets; the kernel reads packed ones
+            w._mask_indptr_buf.copy_(indptr, non_blocking=True)
+        return w
+
+
+def pack_mask(mask: torch.Tensor, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor):
+    """The bool tree mask (request i: ``qo_len_i x kv_len_i`` entries, row-major, back to back) packed
+    to bits as FlashInfer's kernel reads it (little bit order, each request from a byte boundary),
+    and the packed byte offsets. On the device from host lengths: FlashInfer's own packing reads its
+    offsets back to the host, a sync per step."""
+    qo, kv = qo_indptr_host.to(torch.int64), kv_indptr_host.to(torch.int64)
+    seg = (qo[1:] - qo[:-1]) * (kv[1:] - kv[:-1])
+    plen = (seg + 7) // 8
+    offsets = torch.cat([torch.zeros(2, dtype=torch.int64), torch.cumsum(seg, 0), torch.cumsum(plen, 0)])
+    n, total = seg.shape[0], int(plen.sum())
+    dev = offsets.to(mask.device, non_blocking=True)
+    starts, pstarts = dev[0:1].clone(), dev[1:2].clone()
+    seg_start = torch.cat([starts, dev[2 : 2 + n]])  # element offset of each request
+    byte_start = torch.cat([pstarts, dev[2 + n : 2 + 2 * n]])  # packed offset of each request
+    req = torch.repeat_interleave(torch.arange(n, device=mask.device), (byte_start[1:] - byte_start[:-1]),
+                                  output_size=total)
+    byte = torch.arange(total, device=mask.device) - byte_start[req]
+    src = seg_start[req, None] + byte[:, None] * 8 + torch.arange(8, device=mask.device)
+    bits = mask[src.clamp(max=mask.numel() - 1)] & (src < seg_start[req + 1, None])
+    packed = (bits.to(torch.uint8) << torch.arange(8, device=mask.device, dtype=torch.uint8)).sum(-1)
+    return packed.to(torch.uint8), byte_start.to(torch.int32)
 
 
 def run_decode(wrapper, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor):
