@@ -38,3 +38,25 @@ def decode_by_page_table(q, k_buf, v_buf, page_table, cache_seqlens, page_size: 
     valid = j[None, :] < cache_seqlens[:n, None]
     pages = page_table[:n, (j // page_size).clamp(max=page_table.shape[1] - 1)].long()
     return _attend(q, k_buf, v_buf, torch.where(valid, pages * page_size + j % page_size, 0), valid, scale, out)
+
+
+def extend_by_indices(q, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, max_len: int, scale: float, out,
+                      mask=None, mask_indptr=None):
+    """Several queries per request (rows ``qo_indptr[r]:qo_indptr[r+1]``) over its keys
+    ``kv_indices[kv_indptr[r]:kv_indptr[r+1]]``, all in the pool. With ``mask`` (target verify):
+    query t of request r sees key j where ``mask[mask_indptr[r] + t * kv_len + j]``; without,
+    causal aligned at the end: query t of q_len sees keys ``j <= kv_len - q_len + t``."""
+    n, bs = q.shape[0], kv_indptr.shape[0] - 1
+    z = torch.arange(n, device=q.device)
+    r = (torch.searchsorted(qo_indptr[1 : bs + 1].contiguous(), z, right=True)).clamp_(max=bs - 1)
+    t = z - qo_indptr[r]
+    q_len, kv_len = (qo_indptr[r + 1] - qo_indptr[r]).long(), (kv_indptr[r + 1] - kv_indptr[r]).long()
+    j = torch.arange(max_len, device=q.device)
+    valid = j[None, :] < kv_len[:, None]
+    if mask is None:
+        valid &= j[None, :] <= (kv_len - q_len + t)[:, None]
+    else:
+        at = (mask_indptr[r].long() + t * kv_len)[:, None] + j
+        valid &= mask[at.clamp_(max=mask.numel() - 1)].bool()
+    pos = (kv_indptr[r, None].long() + j).clamp_(max=kv_indices.shape[0] - 1)
+    return _attend(q, k_buf, v_buf, torch.where(valid, kv_indices[pos].long(), 0), valid, scale, out)

@@ -17,7 +17,7 @@ from attnmeta.compiler import compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 from attnmeta.runtime import BatchError
 
-from .attention import decode_by_indices, decode_by_page_table
+from .attention import decode_by_indices, decode_by_page_table, extend_by_indices
 from .batch import BatchView
 from .options import compile_options
 
@@ -73,6 +73,11 @@ class AttnmetaBackend(_SGLangBackend):
     # --- the contract ---
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         v = self._view.fill(forward_batch)
+        mask = getattr(v.spec_info, "custom_mask", None) if v.forward_mode.is_target_verify() else None
+        if mask is not None:  # before planning: a planner (FlashInfer's) packs the mask it finds there
+            buf = getattr(self.inner.bound(v.forward_mode, v.batch_size).meta, "custom_mask", None)
+            if buf is not None:  # a spec without one (flashattention) verifies a chain causally (topk 1)
+                _write_mask(buf, mask)
         self.inner.init_forward_metadata_out_graph(v, in_capture)
         self.forward_metadata = self._metadata(self.inner.forward_metadata, v)
 
@@ -97,11 +102,31 @@ class AttnmetaBackend(_SGLangBackend):
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} computes attention in decode only: its forward_metadata "
-                                  "serves target verify and draft extend, but attention for them is not built yet")
+        pool = forward_batch.token_to_kv_pool
+        if save_kv_cache and k is not None:  # the new tokens' K/V first: the metadata's keys include them
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        self._extend(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o, layer)
+        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def _decode(self, q, k_buf, v_buf, o, layer):
         raise NotImplementedError
+
+    def _extend(self, q, k_buf, v_buf, o, layer):
+        raise NotImplementedError(f"{type(self).__name__} computes attention in decode only: its forward_metadata "
+                                  "serves target verify and draft extend, attention for them is not built yet "
+                                  "(FlashInferBackend has it)")
+
+
+def _write_mask(buf, mask):
+    """The drafter's tree mask into the static buffer the captured kernel (or the planner) reads, as
+    SGLang copies it into its verify-mask buffer."""
+    n = mask.numel()
+    if n > buf.numel():
+        raise BatchError(f"spec_info.custom_mask has {n} entries; the verify mask buffer holds {buf.numel()} "
+                         "(max_bs * D * (L + D)): the batch is longer than the backend was compiled for")
+    buf[:n].copy_(mask.reshape(-1), non_blocking=True)
 
 
 def _interpreted() -> bool:
@@ -138,23 +163,11 @@ class TritonBackend(AttnmetaBackend):
                                    num_kv_splits=m.num_kv_splits, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
                                    qo_indptr=None, custom_mask=None, mask_indptr=None, **none)
         verify = mode.is_target_verify()
-        mask = None
-        if verify and getattr(v.spec_info, "custom_mask", None) is not None:
-            mask = self._write_mask(m.custom_mask, v.spec_info.custom_mask)
+        mask = m.custom_mask if verify and getattr(v.spec_info, "custom_mask", None) is not None else None
         return ForwardMetadata(attn_logits=None, attn_lse=None, max_extend_len=int(m.max_extend_len),
                                num_kv_splits=None, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
                                qo_indptr=m.qo_indptr, custom_mask=mask,
                                mask_indptr=m.mask_indptr if verify else None, **none)
-
-    @staticmethod
-    def _write_mask(buf, mask):
-        """The drafter's tree mask into the static buffer the captured kernel reads (as SGLang does)."""
-        n = mask.numel()
-        if n > buf.numel():
-            raise BatchError(f"spec_info.custom_mask has {n} entries; the verify mask buffer holds {buf.numel()} "
-                             "(max_bs * D * (L + D)): the batch is longer than the backend was compiled for")
-        buf[:n].copy_(mask.reshape(-1), non_blocking=True)
-        return buf
 
     def _decode(self, q, k_buf, v_buf, o, layer):
         m = self.forward_metadata
@@ -202,11 +215,25 @@ class FlashInferBackend(AttnmetaBackend):
         w = m.decode_wrappers[0]
         if self.flashinfer is not None:
             _, hkv, d = k_buf.shape
-            return w.forward(q, (k_buf.view(-1, 1, hkv, d), v_buf.view(-1, 1, hkv, d)), sm_scale=layer.scaling,
-                             out=o)
+            return o.copy_(w.forward(q, (k_buf.view(-1, 1, hkv, d), v_buf.view(-1, 1, hkv, d)),
+                                     sm_scale=layer.scaling))
         f = m.fields
         return decode_by_indices(q, k_buf, v_buf, f.kv_indptr, f.kv_indices, self.options.max_context_len,
                                  layer.scaling, o)
+
+    def _extend(self, q, k_buf, v_buf, o, layer):
+        """Target verify (the drafter's tree mask, no causal mask) and draft extend (causal), over keys
+        that are all in the pool once the new tokens are saved: FlashInfer's planned paged prefill
+        wrapper on a GPU, the torch reference without FlashInfer."""
+        m = self.forward_metadata
+        f, verify = m.fields, getattr(m.fields, "custom_mask", None) is not None
+        if self.flashinfer is not None:
+            _, hkv, d = k_buf.shape
+            return o.copy_(m.prefill_wrappers[0].forward(q, (k_buf.view(-1, 1, hkv, d), v_buf.view(-1, 1, hkv, d)),
+                                                         causal=not verify, sm_scale=layer.scaling))
+        return extend_by_indices(q, k_buf, v_buf, f.qo_indptr, f.kv_indptr, f.kv_indices,
+                                 self.options.max_context_len, layer.scaling, o,
+                                 mask=f.custom_mask if verify else None, mask_indptr=f.mask_indptr if verify else None)
 
 
 class FlashAttentionBackend(AttnmetaBackend):

@@ -131,3 +131,21 @@ def page_rows(req_to_token, rows, lens, P: int) -> list[list[int]]:
     """FlashAttention's page table rows as SGLang builds them: every P-th slot of the row, divided by P."""
     return [(req_to_token[r, ::P][: math.ceil(n / P)] // P).tolist() for r, n in zip(rows.tolist(), lens.tolist(),
                                                                                     strict=True)]
+
+
+def extend_oracle(q, pool: Pool, req_to_token, rows, lens, verify: bool, masks, scale: float) -> torch.Tensor:
+    """FlashInfer's verify and draft-extend attention read from the pool by hand: request i's D queries
+    over req_to_token[row_i, :kv_len] (kv_len = seq + D in verify, seq in draft extend), under its tree
+    mask rows (verify) or causally, query t seeing keys up to kv_len - D + t."""
+    outs = []
+    for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist(), strict=True)):
+        kv_len = n + D if verify else n
+        idx = req_to_token[r, :kv_len].long()
+        k = pool.k[0][idx].repeat_interleave(HEADS // KV_HEADS, dim=1)
+        v = pool.v[0][idx].repeat_interleave(HEADS // KV_HEADS, dim=1)
+        s = torch.einsum("thd,nhd->thn", q[i * D : (i + 1) * D], k) * scale
+        t = torch.arange(D)
+        allowed = masks[i].view(D, kv_len) if verify else torch.arange(kv_len)[None, :] <= (kv_len - D + t)[:, None]
+        p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
+        outs.append(torch.einsum("thn,nhd->thd", p, v))
+    return torch.cat(outs)

@@ -26,6 +26,7 @@ from tests.integrations.sglang_world import (
     L,
     Pool,
     attention_oracle,
+    extend_oracle,
     make_pool,
     page_rows,
     replay_view,
@@ -203,3 +204,47 @@ def test_decode_attention_reads_the_metadata(compiled):
                                 fb.seq_lens, HEAD_DIM ** -0.5)
         torch.testing.assert_close(out.float(), want, rtol=2e-3, atol=2e-3)
 
+
+
+@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
+def test_flashinfer_extend_attention_reads_the_metadata(mode):
+    """FlashInferBackend.forward_extend without FlashInfer (the torch reference over kv_indptr,
+    kv_indices and the tree mask), eager and replayed, against attention read from the pool."""
+    c = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                     modes=MODES, num_draft_tokens=D, num_heads=HEADS,
+                                                     num_kv_heads=KV_HEADS))
+    req_to_token = make_pool(seed=8)
+    pool = Pool(int(req_to_token.max()) + 1)
+    be = new_backend("flashinfer", c, req_to_token)
+    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
+    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    rng = random.Random(2)
+    verify = mode == "target_verify"
+    cap = sglang_batch(mode, [D + 1] * 4, rng, ext=[1] * 4 if not verify else None, pool=pool)
+    cap.req_pool_indices.zero_()
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    g = EmulatedGraph()
+    with g.capture():
+        be.init_forward_metadata_in_graph(cap)
+    for replayed in (False, True, True):
+        lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
+        fb = sglang_batch(mode, lens, rng, ext=[rng.randint(1, D) for _ in lens] if not verify else None,
+                          mask=True, pool=pool)
+        masks = []
+        if verify:
+            m = fb.spec_info.custom_mask
+            sizes = [D * (n + D) for n in lens]
+            masks = list(torch.split(m, sizes))
+            for x in masks:
+                x.view(D, -1)[:, 0] = True  # every query sees a key
+        q = torch.randn(3 * D, HEADS * HEAD_DIM)
+        if replayed:
+            be.init_forward_metadata_out_graph(replay_view(fb, 4, 1))
+            g.replay()
+            q = torch.cat([q, torch.zeros(D, HEADS * HEAD_DIM)])  # the padded request's queries
+        else:
+            be.init_forward_metadata(fb)
+        out = be.forward_extend(q, None, None, layer, fb, save_kv_cache=False).view(-1, HEADS, HEAD_DIM)[: 3 * D]
+        want = extend_oracle(q[: 3 * D].view(-1, HEADS, HEAD_DIM), pool, req_to_token, fb.req_pool_indices,
+                             fb.seq_lens, verify, masks, HEAD_DIM ** -0.5)
+        torch.testing.assert_close(out.float(), want, rtol=2e-3, atol=2e-3)
