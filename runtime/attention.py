@@ -45,8 +45,8 @@ def attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
     req_to_token[rpi_i, :seq_i]."""
     outs = []
     for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
-        idx = req_to_token[r, :n].long().cpu()
-        k, v = k_cache.cpu()[idx], v_cache.cpu()[idx]
+        idx = req_to_token[r, :n].long()
+        k, v = k_cache[idx].cpu(), v_cache[idx].cpu()  # gather where the pool lives, move only the rows
         s = torch.einsum("hd,nhd->hn", q[i].cpu(), k) * q.shape[-1] ** -0.5
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
@@ -84,13 +84,14 @@ def dsv4_attention_from_pool(q, swa_k, swa_v, c128_k, c128_v, req_to_token, full
     """Oracle for DSV4-style sparse decode attention, from the pools alone: a request attends to the
     SWA copies of its last ``window`` tokens and to one compressed entry per full 128-token block
     (block j: entry ``2 * page_of(token j // 2 * 256) + j % 2``), under one softmax."""
-    outs = []
+    outs, f2s = [], full_to_swa.cpu()
     for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
         row = req_to_token[r].long().cpu()
-        swa = full_to_swa.cpu()[row[max(0, n - window) : n]].long()
+        swa = f2s[row[max(0, n - window) : n]].long()
         comp = torch.tensor([int(row[j // 2 * page]) // page * 2 + j % 2 for j in range(n // 128)], dtype=torch.long)
-        k = torch.cat([swa_k.cpu()[swa], c128_k.cpu()[comp]])
-        v = torch.cat([swa_v.cpu()[swa], c128_v.cpu()[comp]])
+        dev = swa_k.device  # gather where the pools live, move only the rows read
+        k = torch.cat([swa_k[swa.to(dev)].cpu(), c128_k[comp.to(c128_k.device)].cpu()])
+        v = torch.cat([swa_v[swa.to(dev)].cpu(), c128_v[comp.to(c128_v.device)].cpu()])
         s = torch.einsum("hd,nhd->hn", q[i].cpu(), k) * q.shape[-1] ** -0.5
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
