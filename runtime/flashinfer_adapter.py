@@ -1,8 +1,10 @@
 """FlashInfer behind a compiled backend (GPU, optional extra ``flashinfer``).
 
-One graph-mode decode wrapper per planner node and batch size, built on the
-compiled backend's static buffers, sharing one float workspace. The spec's
-``host_call("flashinfer.decode_plan", ...)`` dispatches to ``plan`` here, in
+One graph-mode wrapper per planner node and batch size (decode, or paged
+prefill for target verify and draft extend), built on the compiled backend's
+static buffers, sharing one float workspace. The spec's
+``host_call("flashinfer.decode_plan", ...)`` dispatches to ``plan`` here
+(``flashinfer.prefill_plan`` to ``plan_prefill``), in
 out_graph, before capture and before every replay, from host indptrs only;
 the plan's result, the wrapper, becomes the planner's metadata field, whose
 ``run`` the captured model calls. The planner node's name says which fields
