@@ -12,12 +12,14 @@ TRITON ?= triton==3.6.0
 SGLANG ?= sglang==0.5.23
 ORACLES := .cache/sglang/.downloaded
 
-# The SGLang integration's tests run against SGLang's real classes, in a second environment: SGLang
-# pins torch 2.14.1 (and its imports need torchvision), while the main one keeps the CPU torch.
+# The engine integrations' tests run against SGLang's and vLLM's real classes, in a second environment:
+# SGLang pins torch 2.14.1 (its imports need torchvision), while the main one keeps the CPU torch.
+# vLLM 0.33's attention-backend interface imports there as well (its wheel, --no-deps).
 SGL_VENV  ?= .venv-sglang
 SGL_PY    := $(SGL_VENV)/bin/python
 SGL_STAMP := $(SGL_VENV)/.installed
 SGL_TORCH ?= torch==2.14.1 torchvision==0.29.1
+VLLM      ?= vllm==0.33.0
 
 .PHONY: setup demo test test-slow test-sglang sglang-venv lint clean oracles
 
@@ -41,7 +43,7 @@ $(ORACLES): | $(STAMP)
 test: $(STAMP) $(ORACLES) $(SGL_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
-	$(SGL_PY) -m pytest -q -p no:cacheprovider tests/integrations
+	ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q -p no:cacheprovider tests/integrations
 
 sglang-venv: $(SGL_STAMP)
 
@@ -50,11 +52,12 @@ $(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORAC
 	$(SGL_PY) -m pip install -q --upgrade pip
 	$(SGL_PY) -m pip install -q $(SGL_TORCH)
 	$(SGL_PY) -m pip install -q --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
+	$(SGL_PY) -m pip install -q --no-deps "$(VLLM)"
 	$(SGL_PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 test-sglang: $(SGL_STAMP)
-	$(SGL_PY) -m pytest -q tests/integrations
+	ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q tests/integrations
 
 test-slow: $(STAMP) $(ORACLES)
 	$(PY) -m pytest -q -m slow
