@@ -6,7 +6,9 @@
   replay;
 - eager: the hand-written eager twin building the same metadata;
 - validate: the part of ``stage`` that checks the batch at the boundary
-  (every live value against its range), timed alone.
+  (every live value against its range), timed alone;
+- gpu: on a GPU, the device time of one replay of the metadata graph (CUDA
+  events around a run of replays), i.e. what the recorded kernel costs the GPU.
 
 A backend with a host planner (flashinfer) runs, in both the compiled and the
 eager column, FlashInfer's real ``plan()`` where FlashInfer is installed on a
@@ -58,6 +60,18 @@ def _time(step: Callable[[int], None], iters: int, warmup: int, dev) -> float:
     if dev.type == "cuda":
         torch.cuda.synchronize()
     return statistics.median(ts) * 1e6
+
+
+def _gpu_time(g, iters: int) -> float:
+    """Device µs per replay of the metadata graph: events around ``iters`` back-to-back replays."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
 
 
 HEADS = (32, 8, 128)  # query heads, KV heads, head dim: what FlashInfer's plan() is asked to plan for
@@ -160,7 +174,8 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner) -> dict:
         ("replay", lambda i: g.replay()),
     ]
     t = {name: _time(fn, iters, warmup, dev) for name, fn in steps}
-    return {"bs": bs, **{f"{k}_us": round(v, 1) for k, v in t.items()},
+    gpu = round(_gpu_time(g, iters), 2) if dev.type == "cuda" else None  # no device time on a CPU
+    return {"bs": bs, **{f"{k}_us": round(v, 1) for k, v in t.items()}, "gpu_us": gpu,
             "compiled/floor": round(t["compiled"] / t["floor"], 2),
             "eager/compiled": round(t["eager"] / t["compiled"], 2), "staged_bytes": nbytes}
 
@@ -186,6 +201,6 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
 def format_table(rows: list[dict], device: str, planner: str = "none") -> str:
     """Markdown, so that a run's table pastes into docs/BENCHMARKS.md as it is."""
     cols = ["bs", "floor_us", "compiled_us", "eager_us", "compiled/floor", "eager/compiled",
-            "stage_us", "validate_us", "host_ops_us", "replay_us", "staged_bytes"]
+            "stage_us", "validate_us", "host_ops_us", "replay_us", "gpu_us", "staged_bytes"]
     return table(rows, cols, markdown=True, title=f"host time per decode step on {device} (median µs); "
                  f"{planner_label(planner)}")

@@ -178,7 +178,7 @@ def _kernels(a, torch) -> int | None:
 def cmd_bench(a) -> int:
     import torch
 
-    from .bench import format_table, run_bench
+    from .bench import format_table, planner_label, run_bench
 
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev == "cpu":
@@ -190,7 +190,14 @@ def cmd_bench(a) -> int:
     rows, planner = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len,
                               device=dev, progress=_loop, planner=a.planner)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(format_table(rows, name, planner))
+    if a.json:
+        import json
+
+        print(json.dumps({"backend": a.backend, "device": name, "planner": planner, "planner_label":
+                          planner_label(planner), "iters": a.iters, "max_context_len": a.max_context_len,
+                          "rows": rows}, indent=1))
+    else:
+        print(format_table(rows, name, planner))
     return 0
 
 
@@ -287,6 +294,7 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--planner", choices=["auto", "flashinfer", "stand-in"], default="auto",
                     help="flashinfer's host planner: its real plan() (GPU with FlashInfer), or the CPU stand-in; "
                          "auto takes the real one where it can")
+    be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     be.set_defaults(fn=cmd_bench)
     return p
 

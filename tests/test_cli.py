@@ -154,3 +154,17 @@ def test_bench_names_the_planner_it_measured(capsys):
     assert "planner: none" in capsys.readouterr().out
     assert main(["bench", "--backend", "flashinfer", "--planner", "flashinfer", "--device", "cpu"]) == 2
     assert "--planner flashinfer needs a CUDA device" in capsys.readouterr().err
+
+
+def test_bench_json_carries_every_column_and_the_planner(capsys):
+    import json
+
+    assert main(["bench", "--backend", "flashinfer", "--sizes", "1", "3", "--iters", "5", "--device", "cpu",
+                 "--json"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("{"):])
+    assert doc["planner"] == "stand-in" and "STAND-IN" in doc["planner_label"] and doc["device"] == "cpu"
+    assert [r["bs"] for r in doc["rows"]] == [1, 3]
+    for r in doc["rows"]:
+        assert r["compiled_us"] > 0 and r["floor_us"] > 0 and r["staged_bytes"] > 0
+        assert r["gpu_us"] is None  # no device time on a CPU, never a made-up number
