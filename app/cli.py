@@ -176,6 +176,8 @@ def _kernels(a, torch) -> int | None:
 
 
 def cmd_bench(a) -> int:
+    import json
+
     import torch
 
     from .bench import format_table, planner_label, run_bench
@@ -187,12 +189,17 @@ def cmd_bench(a) -> int:
         set_cpu_kernels("torch")  # the interpreter would swamp host time
         print("note: on a CPU, 'device' work runs on the host too; only GPU numbers show host overhead alone; "
               "kernels run as torch")
+    if a.e2e_layers:
+        from .e2e import format_e2e, run_e2e
+
+        rows = run_e2e(a.backend, sizes=tuple(a.sizes), layers=a.e2e_layers, iters=min(a.iters, 100),
+                       max_context_len=a.max_context_len, progress=_loop)
+        print(json.dumps(rows, indent=1) if a.json else format_e2e(rows, torch.cuda.get_device_name(), a.backend))
+        return 0
     rows, planner = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len,
                               device=dev, progress=_loop, planner=a.planner)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     if a.json:
-        import json
-
         print(json.dumps({"backend": a.backend, "device": name, "planner": planner, "planner_label":
                           planner_label(planner), "iters": a.iters, "max_context_len": a.max_context_len,
                           "rows": rows}, indent=1))
@@ -295,6 +302,9 @@ def parser() -> argparse.ArgumentParser:
                     help="flashinfer's host planner: its real plan() (GPU with FlashInfer), or the CPU stand-in; "
                          "auto takes the real one where it can")
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    be.add_argument("--e2e-layers", type=int, default=0, metavar="N",
+                    help="instead: a decode loop of N layers of real attention per step, wall time, attnmeta vs "
+                         "the eager metadata path (GPU)")
     be.set_defaults(fn=cmd_bench)
     return p
 

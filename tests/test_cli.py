@@ -168,3 +168,13 @@ def test_bench_json_carries_every_column_and_the_planner(capsys):
     for r in doc["rows"]:
         assert r["compiled_us"] > 0 and r["floor_us"] > 0 and r["staged_bytes"] > 0
         assert r["gpu_us"] is None  # no device time on a CPU, never a made-up number
+
+
+def test_bench_e2e_needs_a_real_kernel_and_a_gpu(capsys):
+    assert main(["bench", "--backend", "flashattention", "--e2e-layers", "4", "--device", "cpu"]) == 2
+    assert "has no real attention kernel here" in capsys.readouterr().err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["bench", "--backend", "triton", "--e2e-layers", "4", "--device", "cpu"]) == 2
+        assert "it needs a CUDA device" in capsys.readouterr().err
