@@ -116,7 +116,9 @@ def _eager_step(eager, planner: str, dev, max_bs: int):
         return step
     import flashinfer
 
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD")
+    # the same kernel choice as the compiled path's adapter (tensor cores for GQA >= 4, SGLang's rule)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD",
+                                                      use_tensor_cores=HEADS[0] // HEADS[1] >= 4)
     ones = torch.ones(max_bs, dtype=torch.int32)  # page size 1: every last page holds one token
 
     def step(fb):
