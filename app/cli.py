@@ -193,7 +193,7 @@ def cmd_bench(a) -> int:
         from .e2e import format_e2e, run_e2e
 
         rows = run_e2e(a.backend, sizes=tuple(a.sizes), layers=a.e2e_layers, iters=min(a.iters, 100),
-                       max_context_len=a.max_context_len, progress=_loop)
+                       max_context_len=a.max_context_len, progress=_loop, page_size=a.page_size)
         print(json.dumps(rows, indent=1) if a.json else format_e2e(rows, torch.cuda.get_device_name(), a.backend))
         return 0
     rows, planner = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len,
@@ -302,6 +302,8 @@ def parser() -> argparse.ArgumentParser:
                     help="flashinfer's host planner: its real plan() (GPU with FlashInfer), or the CPU stand-in; "
                          "auto takes the real one where it can")
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    be.add_argument("--page-size", type=int, default=1, help="with --e2e-layers and flashattention: the pool's page "
+                    "size, 16 or more (FlashInfer's XQA reads the page table)")
     be.add_argument("--e2e-layers", type=int, default=0, metavar="N",
                     help="instead: a decode loop of N layers of real attention per step, wall time, attnmeta vs "
                          "the eager metadata path (GPU)")

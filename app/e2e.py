@@ -2,7 +2,8 @@
 
 Each step prepares the metadata, then replays one CUDA graph holding N layers of real decode
 attention over one KV pool (32 query / 8 KV heads of 128, bf16): FlashInfer's planned decode
-wrapper for ``flashinfer``, the split-KV Triton kernel for ``triton``. The step ends with a
+wrapper for ``flashinfer``, the split-KV Triton kernel for ``triton``, FlashInfer's XQA kernel (no
+planner) over the page table for ``flashattention`` (``--page-size`` 16 or more). The step ends with a
 device synchronize, so its time is what the GPU and host spend together. Side by side:
 
 - attention: the attention graph alone (no metadata work): what a step cannot go below;
@@ -58,22 +59,27 @@ def _graph(fn):
 
 
 def run_e2e(backend: str, sizes=(1, 8, 64, 256), layers: int = 32, iters: int = 100, warmup: int = 10,
-            max_context_len: int = 4096, progress=lambda xs, *a, **k: xs) -> list[dict]:
-    if backend not in ("flashinfer", "triton"):
-        raise OptionsError(f"--e2e-layers runs FlashInfer's or the Triton split-KV kernel; {backend!r} has no real "
-                           "attention kernel here (FlashAttention-3 is not a dependency): use flashinfer or triton")
+            max_context_len: int = 4096, progress=lambda xs, *a, **k: xs, page_size: int = 1) -> list[dict]:
+    xqa = backend == "flashattention"
+    if backend not in ("flashinfer", "triton") and not (xqa and page_size >= 16):
+        raise OptionsError(f"--e2e-layers runs FlashInfer's wrapper, FlashInfer's XQA (flashattention with "
+                           f"--page-size 16 or more) or the Triton split-KV kernel; {backend!r} with page size "
+                           f"{page_size} has no real attention kernel here")
     if not torch.cuda.is_available():
         raise OptionsError("--e2e-layers runs real attention kernels: it needs a CUDA device")
-    dev, L, max_bs = torch.device("cuda"), max_context_len, max(sizes)
+    dev, L, max_bs, P = torch.device("cuda"), max_context_len, max(sizes), page_size if xqa else 1
     compiled = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
-                                                       num_heads=HEADS[0], num_kv_heads=HEADS[1]))
+                                                       num_heads=HEADS[0], num_kv_heads=HEADS[1], page_size=P))
     rows = max_bs + 1
-    pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
+    # the pool: each row whole pages of P slots (page 0 unused), as a paged allocator fills it
+    pages = torch.randperm(rows * L // P).view(rows, L // P) + 1
+    pool = (pages.repeat_interleave(P, dim=1) * P + torch.arange(L) % P).to(torch.int32).to(dev)
     pool[0] = 0
     g = torch.Generator().manual_seed(0)
-    k = torch.randn(rows * L + 1, HEADS[1], HEADS[2], generator=g).to(dev).bfloat16()
-    v = torch.randn(rows * L + 1, HEADS[1], HEADS[2], generator=g).to(dev).bfloat16()
-    eager = get_eager(backend)(pool, max_bs)
+    slots = (rows * L // P + 1) * P
+    k = torch.randn(slots, HEADS[1], HEADS[2], generator=g).to(dev).bfloat16()
+    v = torch.randn(slots, HEADS[1], HEADS[2], generator=g).to(dev).bfloat16()
+    eager = get_eager(backend)(pool, max_bs, page_size=P) if xqa else get_eager(backend)(pool, max_bs)
     world = (backend, compiled, pool, k, v, eager, g, layers, iters, warmup)
     return [_one_size(bs, world) for bs in progress(sizes, f"e2e {backend}", unit="size")]
 
@@ -86,7 +92,13 @@ def _one_size(bs: int, world) -> dict:
         from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS)
-    model = DecodeModel(k, v, compiled.options.max_bs, L, q_heads=HEADS[0])
+    xqa = None
+    if backend == "flashattention":
+        from attnmeta.runtime.flashinfer_adapter import XQADecode
+
+        xqa = XQADecode(dev)
+    model = DecodeModel(k, v, compiled.options.max_bs, L, page_size=compiled.options.page_size, q_heads=HEADS[0],
+                        xqa=xqa)
     model.prepare(torch.randn(bs, HEADS[0], HEADS[2], generator=g).to(dev).bfloat16(), bs)
     batches = _batches(8, bs, L, rows, dev, seed=bs)
     cap = _batches(1, bs, 64, rows, dev, seed=99)[0]

@@ -17,8 +17,9 @@ class DecodeModel:
     ``num_kv_splits``, page-table attention for ``page_table``, else indptr/indices attention."""
 
     def __init__(self, k_cache, v_cache, max_bs: int, max_len: int, page_size: int = 1, max_kv_splits: int = 8,
-                 q_heads: int | None = None):
+                 q_heads: int | None = None, xqa=None):
         self.k_cache, self.v_cache, self.max_len, self.page_size = k_cache, v_cache, max_len, page_size
+        self.xqa = xqa  # a FlashInfer XQADecode: reads a page table with no planner (page-table backends)
         H, Dh = k_cache.shape[1:]  # query heads default to the KV heads; more is grouped-query attention
         self.q = torch.zeros(max_bs, q_heads or H, Dh, dtype=k_cache.dtype, device=k_cache.device)
         self.out = torch.zeros_like(self.q)
@@ -43,6 +44,9 @@ class DecodeModel:
                 self._triton = TritonDecodeAttention(self.q.shape[0], q.shape[1], q.shape[2], self._splits, q.device)
             return self._triton(q, self.k_cache, self.v_cache, meta.kv_indptr, meta.kv_indices, meta.num_kv_splits,
                                 out)
+        if hasattr(meta, "page_table") and self.xqa is not None:
+            return self.xqa(q, self.k_cache, self.v_cache, meta.page_table, meta.cache_seqlens_int32, self.page_size,
+                            self.max_len, out)
         if hasattr(meta, "page_table"):
             return paged_decode_attention_pt(q, self.k_cache, self.v_cache, meta.page_table[:bs],
                                              meta.cache_seqlens_int32[:bs], self.page_size, self.max_len, out=out)

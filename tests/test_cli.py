@@ -172,7 +172,7 @@ def test_bench_json_carries_every_column_and_the_planner(capsys):
 
 def test_bench_e2e_needs_a_real_kernel_and_a_gpu(capsys):
     assert main(["bench", "--backend", "flashattention", "--e2e-layers", "4", "--device", "cpu"]) == 2
-    assert "has no real attention kernel here" in capsys.readouterr().err
+    assert "with page size 1 has no real attention kernel here" in capsys.readouterr().err
     import torch
 
     if not torch.cuda.is_available():
