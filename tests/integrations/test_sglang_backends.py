@@ -52,6 +52,17 @@ def new_backend(kind, compiled, req_to_token):
     return KINDS[kind](compiled, req_to_token, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM)
 
 
+def capture_graph(be, cap):
+    """SGLang's capture of one size: a dummy batch on pool row 0, out_graph with in_capture=True, then
+    in_graph recorded (into attnmeta's emulated graph on a CPU)."""
+    cap.req_pool_indices.zero_()
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    g = EmulatedGraph()
+    with g.capture():
+        be.init_forward_metadata_in_graph(cap)
+    return g
+
+
 def random_lens(rng: random.Random, n: int) -> list[int]:
     return [rng.choice(EDGES) if rng.random() < 0.6 else rng.randint(1, L - D) for _ in range(n)]
 
@@ -184,12 +195,7 @@ def test_decode_attention_reads_the_metadata(compiled):
     be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
     layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
     rng = random.Random(9)
-    cap = sglang_batch("decode", [1] * 4, rng, pool=pool)
-    cap.req_pool_indices.zero_()
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture_graph(be, sglang_batch("decode", [1] * 4, rng, pool=pool))
     for replayed in (False, True, True):
         fb = sglang_batch("decode", random_lens(rng, 3), rng, pool=pool)
         q = torch.randn(3, HEADS * HEAD_DIM)
@@ -220,12 +226,7 @@ def test_flashinfer_extend_attention_reads_the_metadata(mode):
     layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
     rng = random.Random(2)
     verify = mode == "target_verify"
-    cap = sglang_batch(mode, [D + 1] * 4, rng, ext=[1] * 4 if not verify else None, pool=pool)
-    cap.req_pool_indices.zero_()
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    g = EmulatedGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=[1] * 4 if not verify else None, pool=pool))
     for replayed in (False, True, True):
         lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
         fb = sglang_batch(mode, lens, rng, ext=[rng.randint(1, D) for _ in lens] if not verify else None,
