@@ -116,7 +116,7 @@ class AttnmetaBackend(_SGLangBackend):
     def _extend(self, q, k_buf, v_buf, o, layer):
         raise NotImplementedError(f"{type(self).__name__} computes attention in decode only: its forward_metadata "
                                   "serves target verify and draft extend, attention for them is not built yet "
-                                  "(FlashInferBackend has it)")
+                                  "(FlashInferBackend and TritonBackend have it)")
 
 
 def _write_mask(buf, mask):
@@ -181,6 +181,36 @@ class TritonBackend(AttnmetaBackend):
                              getattr(layer, "k_scale_float", None) or 1.0, getattr(layer, "v_scale_float", None) or 1.0,
                              logit_cap=getattr(layer, "logit_cap", 0.0) or 0.0)
         return o
+
+
+    def _extend_with(self, q, k, v, o, k_buf, v_buf, layer):
+        """Target verify (the tree mask over the prefix and the drafts) and draft extend (causal over the
+        new tokens) by SGLang's own extend kernel: the prefix from the pool through ``kv_indices``, the
+        new tokens' K/V as given (on a CPU, under ``TRITON_INTERPRET=1``)."""
+        if self.device.type == "cpu" and not _interpreted():
+            raise NotImplementedError("TritonBackend's extend attention runs SGLang's Triton kernel: on a CPU set "
+                                      "TRITON_INTERPRET=1 (before Triton is imported)")
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+        m = self.forward_metadata
+        extend_attention_fwd(q, k.contiguous(), v.contiguous(), o, k_buf, v_buf, m.qo_indptr,
+                             m.kv_indptr, m.kv_indices, m.custom_mask, True, m.mask_indptr, m.max_extend_len,
+                             1.0, 1.0, sm_scale=layer.scaling, logit_cap=getattr(layer, "logit_cap", 0.0) or 0.0)
+        return o
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        """As SGLang's Triton backend: save the new tokens' K/V, then attend with them given directly."""
+        pool = forward_batch.token_to_kv_pool
+        k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        if k is None or v is None:  # read back what an earlier layer stored
+            k, v = k_buf[forward_batch.out_cache_loc], v_buf[forward_batch.out_cache_loc]
+        elif save_kv_cache:
+            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        o = q.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        kv = (k.view(q3.shape[0], -1, layer.qk_head_dim), v.view(q3.shape[0], -1, layer.v_head_dim))
+        self._extend_with(q3, *kv, o, k_buf, v_buf, layer)
+        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
 
 class FlashInferBackend(AttnmetaBackend):

@@ -149,3 +149,22 @@ def extend_oracle(q, pool: Pool, req_to_token, rows, lens, verify: bool, masks, 
         p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
         outs.append(torch.einsum("thn,nhd->thd", p, v))
     return torch.cat(outs)
+
+
+def triton_extend_oracle(q, k_ext, v_ext, pool: Pool, req_to_token, rows, lens, ext, verify: bool, masks, scale):
+    """SGLang's Triton extend semantics read by hand: request i's D queries over its prefix in the pool
+    (seq tokens in verify, seq - accepted in draft extend) and its D new tokens' K/V as given; the
+    prefix always visible, the new tokens under the tree mask (verify) or causally (draft extend)."""
+    outs, group = [], HEADS // KV_HEADS
+    for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist(), strict=True)):
+        prefix = n if verify else max(n - ext[i], 0)
+        idx = req_to_token[r, :prefix].long()
+        k = torch.cat([pool.k[0][idx], k_ext[i * D : (i + 1) * D]]).repeat_interleave(group, dim=1)
+        v = torch.cat([pool.v[0][idx], v_ext[i * D : (i + 1) * D]]).repeat_interleave(group, dim=1)
+        t = torch.arange(D)
+        new = masks[i].view(D, n + D)[:, n:] if verify else t[None, :] <= t[:, None]
+        allowed = torch.cat([torch.ones(D, prefix, dtype=torch.bool), new], 1)
+        s = torch.einsum("thd,nhd->thn", q[i * D : (i + 1) * D], k) * scale
+        p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
+        outs.append(torch.einsum("thn,nhd->thd", p, v))
+    return torch.cat(outs)

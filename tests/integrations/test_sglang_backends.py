@@ -37,6 +37,7 @@ from tests.integrations.sglang_world import (
     sglang_batch,
     sglang_kv_indices,
     sglang_num_kv_splits,
+    triton_extend_oracle,
 )
 
 MODES = ("decode", "idle", "target_verify", "draft_extend")
@@ -252,4 +253,45 @@ def test_flashinfer_extend_attention_reads_the_metadata(mode):
         out = be.forward_extend(q, None, None, layer, fb, save_kv_cache=False).view(-1, HEADS, HEAD_DIM)[: 3 * D]
         want = extend_oracle(q[: 3 * D].view(-1, HEADS, HEAD_DIM), pool, req_to_token, fb.req_pool_indices,
                              fb.seq_lens, verify, masks, HEAD_DIM ** -0.5)
+        torch.testing.assert_close(out.float(), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
+def test_triton_extend_attention_is_sglangs_kernel_over_the_metadata(mode):
+    """TritonBackend.forward_extend runs SGLang's own extend kernel (Triton's interpreter here) over
+    attnmeta's qo/kv indptrs, kv indices, tree mask and mask indptr, eager and replayed, against the
+    attention read by hand from the pool and the new tokens' K/V."""
+    c = compile_backend("triton", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=MODES,
+                                                 num_draft_tokens=D, num_heads=HEADS, num_kv_heads=KV_HEADS))
+    req_to_token = make_pool(seed=12)
+    pool = Pool(int(req_to_token.max()) + 1)
+    be = new_backend("triton", c, req_to_token)
+    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
+    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    rng, g = random.Random(4), torch.Generator().manual_seed(4)
+    verify = mode == "target_verify"
+    graph = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=None if verify else [1] * 4, pool=pool))
+    for replayed in (False, True):
+        lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
+        ext = None if verify else [rng.randint(1, D) for _ in lens]
+        fb = sglang_batch(mode, lens, rng, ext=ext, mask=True, pool=pool)
+        masks = []
+        if verify:  # a tree mask: every draft sees the whole prefix
+            masks = list(torch.split(fb.spec_info.custom_mask, [D * (n + D) for n in lens]))
+            for x, n in zip(masks, lens, strict=True):
+                x.view(D, -1)[:, :n] = True
+                x.view(D, -1)[:, n] = True
+        n_rows = 4 if replayed else 3
+        q = torch.randn(n_rows * D, HEADS * HEAD_DIM, generator=g)
+        k_ext = torch.randn(n_rows * D, KV_HEADS * HEAD_DIM, generator=g)
+        v_ext = torch.randn(n_rows * D, KV_HEADS * HEAD_DIM, generator=g)
+        if replayed:
+            be.init_forward_metadata_out_graph(replay_view(fb, 4, 1))
+            graph.replay()
+        else:
+            be.init_forward_metadata(fb)
+        out = be.forward_extend(q, k_ext, v_ext, layer, fb, save_kv_cache=False).view(-1, HEADS, HEAD_DIM)[: 3 * D]
+        want = triton_extend_oracle(q[: 3 * D].view(-1, HEADS, HEAD_DIM), k_ext.view(-1, KV_HEADS, HEAD_DIM),
+                                    v_ext.view(-1, KV_HEADS, HEAD_DIM), pool, req_to_token, fb.req_pool_indices,
+                                    fb.seq_lens, ext, verify, masks, HEAD_DIM ** -0.5)
         torch.testing.assert_close(out.float(), want, rtol=2e-3, atol=2e-3)
