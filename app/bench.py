@@ -35,15 +35,21 @@ from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 
 from .table import table
 
+D = 4  # draft tokens per request in target verify and draft extend
 
-def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int) -> list[ForwardBatch]:
+
+def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int, mode=ForwardMode.DECODE) -> list[ForwardBatch]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        seq = torch.randint(1, L // 2 + 1, (bs,), generator=g, dtype=torch.int32)
+        seq = torch.randint(D, L // 2 + 1, (bs,), generator=g, dtype=torch.int32)
         rpi = (torch.randperm(rows - 1, generator=g)[:bs] + 1).to(torch.int64)
-        out.append(ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi,
-                                seq_lens=seq.to(dev), seq_lens_cpu=seq, seq_lens_sum=int(seq.sum())))
+        fb = ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi, seq_lens=seq.to(dev),
+                          seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
+        if mode.is_draft_extend():  # the accepted tokens of each request, 1..D
+            ext = torch.randint(1, D + 1, (bs,), generator=g, dtype=torch.int32)
+            fb.extend_seq_lens, fb.extend_seq_lens_cpu = ext.to(dev), ext
+        out.append(fb)
     return out
 
 
@@ -101,10 +107,12 @@ def planner_label(planner: str) -> str:
     return "planner: none (no host planner in this backend)"
 
 
-def _eager_step(eager, planner: str, dev, max_bs: int):
+def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
     """The eager twin's step; with a planner, also the plan() an engine's eager path calls."""
     if planner == "none":
         return eager.init_forward_metadata
+    if not mode.is_decode():
+        return _eager_prefill_step(eager, planner, dev, max_bs, mode)
     if planner == "stand-in":
         from attnmeta.runtime.planners import ReferenceDecodePlanner
 
@@ -128,13 +136,43 @@ def _eager_step(eager, planner: str, dev, max_bs: int):
     return step
 
 
-def _captured(compiled, pool, dev, bs, planner: str):
+def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
+    """Target verify and draft extend the way an engine's eager path plans them: host indptrs (a
+    strided query indptr, the keys' from the host lengths), then the prefill planner; in verify
+    FlashInfer packs the drafter's tree mask, handed over on the device as engines do."""
+    verify = mode.is_target_verify()
+    if planner == "stand-in":
+        from attnmeta.runtime.planners import ReferencePrefillPlanner
+
+        plan = ReferencePrefillPlanner()
+    else:
+        import flashinfer
+
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev),
+                                                           "NHD", backend="fa2")
+        ones = torch.ones(max_bs, dtype=torch.int32)
+        mask = torch.ones(max_bs * D * (eager.req_to_token.shape[1] + D), dtype=torch.bool, device=dev)
+
+        def plan(qo, kv, key=""):
+            n = D * int(kv[-1]) if verify else 0
+            w.plan(qo, kv, torch.empty(0, dtype=torch.int32, device=dev), ones[: qo.shape[0] - 1], *HEADS[:2],
+                   HEADS[2], 1, custom_mask=mask[:n] if verify else None, causal=not verify,
+                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+
+    def step(fb):
+        m = eager.init_forward_metadata(fb)
+        qo = torch.arange(0, (fb.batch_size + 1) * D, D, dtype=torch.int32)
+        plan(qo, m.kv_indptr_host, key="plan")
+    return step
+
+
+def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE):
     be = compiled.instantiate(pool, device=dev)
     if planner == "flashinfer":
         from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS)
-    cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99)[0]
+    cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99, mode=mode)[0]
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator
     if dev.type == "cuda":
@@ -145,10 +183,10 @@ def _captured(compiled, pool, dev, bs, planner: str):
     return be, g
 
 
-def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner) -> dict:
-    batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs)
-    be, g = _captured(packed, pool, dev, bs, planner)
-    b = be.bound(ForwardMode.DECODE, bs)
+def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, mode=ForwardMode.DECODE) -> dict:
+    batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs, mode=mode)
+    be, g = _captured(packed, pool, dev, bs, planner, mode)
+    b = be.bound(mode, bs)
     nbytes = b.stager.copies[0][1].numel()
     host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
     devbuf = torch.zeros(nbytes, dtype=torch.uint8, device=dev)
@@ -184,25 +222,26 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner) -> dict:
 
 def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 300, warmup: int = 30,
               max_context_len: int = 4096, device: str | None = None, progress=lambda xs, *a, **k: xs,
-              planner: str = "auto") -> tuple[list[dict], str]:
+              planner: str = "auto", mode: str = "decode") -> tuple[list[dict], str]:
     """The rows of the table and the planner they ran (``planner_for``); ``progress`` wraps the
     loop over sizes (the CLI passes a progress bar)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     planner = planner_for(backend, dev, planner)
-    max_bs, L = max(sizes), max_context_len
-    packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L))
+    max_bs, L, fm = max(sizes), max_context_len, ForwardMode.parse(mode)
+    packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
+                                                     modes=(fm,), num_draft_tokens=D))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
-    eager = _eager_step(get_eager(backend)(pool, max_bs), planner, dev, max_bs)
-    rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner)
+    eager = _eager_step(get_eager(backend)(pool, max_bs), planner, dev, max_bs, fm)
+    rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, fm)
             for bs in progress(sizes, f"bench {backend}", unit="size")]
     return rows, planner
 
 
-def format_table(rows: list[dict], device: str, planner: str = "none") -> str:
+def format_table(rows: list[dict], device: str, planner: str = "none", mode: str = "decode") -> str:
     """Markdown, so that a run's table pastes into docs/BENCHMARKS.md as it is."""
     cols = ["bs", "floor_us", "compiled_us", "eager_us", "compiled/floor", "eager/compiled",
             "stage_us", "validate_us", "host_ops_us", "replay_us", "gpu_us", "staged_bytes"]
-    return table(rows, cols, markdown=True, title=f"host time per decode step on {device} (median µs); "
+    return table(rows, cols, markdown=True, title=f"host time per {mode} step on {device} (median µs); "
                  f"{planner_label(planner)}")

@@ -197,14 +197,14 @@ def cmd_bench(a) -> int:
         print(json.dumps(rows, indent=1) if a.json else format_e2e(rows, torch.cuda.get_device_name(), a.backend))
         return 0
     rows, planner = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len,
-                              device=dev, progress=_loop, planner=a.planner)
+                              device=dev, progress=_loop, planner=a.planner, mode=a.mode)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     if a.json:
-        print(json.dumps({"backend": a.backend, "device": name, "planner": planner, "planner_label":
+        print(json.dumps({"backend": a.backend, "mode": a.mode, "device": name, "planner": planner, "planner_label":
                           planner_label(planner), "iters": a.iters, "max_context_len": a.max_context_len,
                           "rows": rows}, indent=1))
     else:
-        print(format_table(rows, name, planner))
+        print(format_table(rows, name, planner, a.mode))
     return 0
 
 
@@ -301,6 +301,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--planner", choices=["auto", "flashinfer", "stand-in"], default="auto",
                     help="flashinfer's host planner: its real plan() (GPU with FlashInfer), or the CPU stand-in; "
                          "auto takes the real one where it can")
+    be.add_argument("--mode", default="decode", choices=["decode", "target_verify", "draft_extend"],
+                    help="the forward mode of the measured steps (draft tokens: 4)")
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     be.add_argument("--page-size", type=int, default=1, help="with --e2e-layers and flashattention: the pool's page "
                     "size, 16 or more (FlashInfer's XQA reads the page table)")

@@ -178,3 +178,19 @@ def test_bench_e2e_needs_a_real_kernel_and_a_gpu(capsys):
     if not torch.cuda.is_available():
         assert main(["bench", "--backend", "triton", "--e2e-layers", "4", "--device", "cpu"]) == 2
         assert "it needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
+def test_bench_measures_the_speculative_modes(capsys, mode):
+    """Every benched backend in target verify and draft extend, side by side with its eager twin (and,
+    for flashinfer, the prefill planner: the labelled stand-in on a CPU)."""
+    import json
+
+    for backend in ("flashinfer", "triton", "flashattention"):
+        assert main(["bench", "--backend", backend, "--mode", mode, "--sizes", "1", "4", "--iters", "5",
+                     "--device", "cpu", "--json"]) == 0
+        out = capsys.readouterr().out
+        doc = json.loads(out[out.index("{"):])
+        assert doc["mode"] == mode and [r["bs"] for r in doc["rows"]] == [1, 4]
+        assert all(r["compiled_us"] > 0 and r["eager_us"] > 0 for r in doc["rows"])
+        assert ("STAND-IN" in doc["planner_label"]) == (backend == "flashinfer")
