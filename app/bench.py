@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import attrs
 import torch
 
 from attnmeta.backends.eager import get_eager
@@ -86,7 +87,7 @@ PLANNED = {"flashinfer"}  # the benched backends with a host planner in out_grap
 
 def planner_for(backend: str, dev, choice: str = "auto") -> str:
     """Which planner the flashinfer columns run: 'flashinfer' (its real plan()), 'stand-in', or 'none'."""
-    if backend not in PLANNED:
+    if backend.removeprefix("tbo_").removeprefix("multistep_") not in PLANNED:
         return "none"
     real = dev.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
     if choice == "auto":
@@ -120,7 +121,8 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
 
         def step(fb):
             m = eager.init_forward_metadata(fb)
-            plan(m.kv_indptr_host, torch.ones(fb.batch_size, dtype=torch.int32), key="plan")
+            for indptr, _ in _host_plans(m):
+                plan(indptr, torch.ones(indptr.shape[0] - 1, dtype=torch.int32), key="plan")
         return step
     import flashinfer
 
@@ -131,9 +133,18 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
 
     def step(fb):
         m = eager.init_forward_metadata(fb)
-        w.plan(m.kv_indptr_host, m.kv_indices, ones[: fb.batch_size], *HEADS, 1,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        for indptr, indices in _host_plans(m):
+            w.plan(indptr, indices, ones[: indptr.shape[0] - 1], *HEADS, 1,
+                   q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     return step
+
+
+def _host_plans(m) -> list:
+    """(host indptr, kv indices) of every decode plan the eager metadata asks for: one, or one per
+    draft step of a multi-step drafter (``step{i}_kv_indptr_host``)."""
+    fields = vars(m)
+    return [(v, fields[k.replace("kv_indptr_host", "kv_indices")]) for k, v in fields.items()
+            if k.endswith("kv_indptr_host")]
 
 
 def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
@@ -229,14 +240,36 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     planner = planner_for(backend, dev, planner)
     max_bs, L, fm = max(sizes), max_context_len, ForwardMode.parse(mode)
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
-                                                     modes=(fm,), num_draft_tokens=D))
+                                                     modes=(fm,), num_draft_tokens=D, num_steps=STEPS))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
     eager = _eager_step(get_eager(backend)(pool, max_bs), planner, dev, max_bs, fm)
+    if backend.startswith("tbo_"):
+        eager = _tbo_step(eager)
     rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, fm)
             for bs in progress(sizes, f"bench {backend}", unit="size")]
     return rows, planner
+
+
+STEPS = 3  # a multi-step drafter's steps
+
+
+def _tbo_step(inner_step):
+    """Two-batch overlap the way engines run it eagerly: the whole batch, then each half as a child
+    batch of its own (rows [0, bs//2) and [bs//2, bs)), each with its own metadata and plan."""
+    def sub(fb, lo: int, hi: int):
+        cut = {f.name: getattr(fb, f.name)[lo:hi] for f in attrs.fields(type(fb))
+               if isinstance(getattr(fb, f.name), torch.Tensor)}
+        return attrs.evolve(fb, batch_size=hi - lo, seq_lens_sum=None, **cut)
+
+    def step(fb):
+        inner_step(fb)
+        half = fb.batch_size // 2
+        for lo, hi in ((0, half), (half, fb.batch_size)):
+            if hi > lo:
+                inner_step(sub(fb, lo, hi))
+    return step
 
 
 def format_table(rows: list[dict], device: str, planner: str = "none", mode: str = "decode") -> str:

@@ -194,3 +194,16 @@ def test_bench_measures_the_speculative_modes(capsys, mode):
         assert doc["mode"] == mode and [r["bs"] for r in doc["rows"]] == [1, 4]
         assert all(r["compiled_us"] > 0 and r["eager_us"] > 0 for r in doc["rows"])
         assert ("STAND-IN" in doc["planner_label"]) == (backend == "flashinfer")
+
+
+@pytest.mark.parametrize("backend", ["tbo_flashinfer", "tbo_triton", "multistep_flashinfer", "multistep_triton"])
+def test_bench_measures_the_wrapped_backends(capsys, backend):
+    """Two-batch overlap (the eager side builds the batch and both halves, each planned) and the
+    multi-step drafter (one eager backend and one plan per draft step) are benched like the others."""
+    import json
+
+    assert main(["bench", "--backend", backend, "--sizes", "2", "4", "--iters", "5", "--device", "cpu", "--json"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("{"):])
+    assert [r["bs"] for r in doc["rows"]] == [2, 4] and all(r["eager_us"] > 0 for r in doc["rows"])
+    assert doc["planner"] == ("stand-in" if backend.endswith("flashinfer") else "none")
