@@ -60,3 +60,19 @@ def extend_by_indices(q, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, max_len
         valid &= mask[at.clamp_(max=mask.numel() - 1)].bool()
     pos = (kv_indptr[r, None].long() + j).clamp_(max=kv_indices.shape[0] - 1)
     return _attend(q, k_buf, v_buf, torch.where(valid, kv_indices[pos].long(), 0), valid, scale, out)
+
+
+def extend_by_page_table(q, k_buf, v_buf, cu_seqlens_q, page_table, cache_seqlens, page_size: int, max_len: int,
+                         scale: float, out):
+    """FlashAttention's varlen layout: request r's queries are rows ``cu_seqlens_q[r]:cu_seqlens_q[r+1]``,
+    its keys the first ``cache_seqlens[r]`` tokens through its page table, causal aligned at the end.
+    Rows past the last request's queries (padding) see no key and come out zero."""
+    n, bs = q.shape[0], cache_seqlens.shape[0]
+    z = torch.arange(n, device=q.device)
+    r = torch.searchsorted(cu_seqlens_q[1 : bs + 1].contiguous(), z, right=True).clamp_(max=bs - 1)
+    t = z - cu_seqlens_q[r]
+    q_len, kv_len = (cu_seqlens_q[r + 1] - cu_seqlens_q[r]).long(), cache_seqlens[r].long()
+    j = torch.arange(max_len, device=q.device)
+    valid = (j[None, :] < kv_len[:, None]) & (j[None, :] <= (kv_len - q_len + t)[:, None]) & (t < q_len)[:, None]
+    pages = page_table[r[:, None], (j // page_size).clamp(max=page_table.shape[1] - 1)[None, :]].long()
+    return _attend(q, k_buf, v_buf, torch.where(valid, pages * page_size + j % page_size, 0), valid, scale, out)

@@ -17,7 +17,7 @@ from attnmeta.compiler import compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 from attnmeta.runtime import BatchError
 
-from .attention import decode_by_indices, decode_by_page_table, extend_by_indices
+from .attention import decode_by_indices, decode_by_page_table, extend_by_indices, extend_by_page_table
 from .batch import BatchView
 from .options import compile_options
 
@@ -114,9 +114,7 @@ class AttnmetaBackend(_SGLangBackend):
         raise NotImplementedError
 
     def _extend(self, q, k_buf, v_buf, o, layer):
-        raise NotImplementedError(f"{type(self).__name__} computes attention in decode only: its forward_metadata "
-                                  "serves target verify and draft extend, attention for them is not built yet "
-                                  "(FlashInferBackend and TritonBackend have it)")
+        raise NotImplementedError(f"{type(self).__name__} computes attention in decode only")
 
 
 def _write_mask(buf, mask):
@@ -268,8 +266,9 @@ class FlashInferBackend(AttnmetaBackend):
 
 class FlashAttentionBackend(AttnmetaBackend):
     """SGLang's FlashAttention backend's metadata (``FlashAttentionMetadata``: cache_seqlens_int32,
-    cu_seqlens_q/k, page_table, max_seq_len_q/k). Attention by the torch reference over the page
-    table: FlashAttention-3 ships in SGLang's GPU kernel package, which this integration does not need."""
+    cu_seqlens_q/k, page_table, max_seq_len_q/k). Attention, in every mode, by the torch reference
+    over the page table: FlashAttention-3 ships in SGLang's GPU kernel package, which this
+    integration does not need."""
 
     spec_name = "flashattention"
 
@@ -282,6 +281,13 @@ class FlashAttentionBackend(AttnmetaBackend):
         m = self.forward_metadata
         return decode_by_page_table(q, k_buf, v_buf, m.page_table, m.cache_seqlens_int32, self.options.page_size,
                                     self.options.max_context_len, layer.scaling, o)
+
+    def _extend(self, q, k_buf, v_buf, o, layer):
+        """Verify (a chain of drafts: causal, the drafts' K/V already in the pool) and draft extend
+        (the accepted tokens, packed by ``cu_seqlens_q``), by the torch reference."""
+        m = self.forward_metadata
+        return extend_by_page_table(q, k_buf, v_buf, m.cu_seqlens_q, m.page_table, m.cache_seqlens_int32,
+                                    self.options.page_size, self.options.max_context_len, layer.scaling, o)
 
 
 def _flash_attention_metadata():

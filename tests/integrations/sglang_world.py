@@ -168,3 +168,22 @@ def triton_extend_oracle(q, k_ext, v_ext, pool: Pool, req_to_token, rows, lens, 
         p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
         outs.append(torch.einsum("thn,nhd->thd", p, v))
     return torch.cat(outs)
+
+
+def fa_extend_oracle(q, pool: Pool, req_to_token, rows, lens, ext, verify: bool, scale: float) -> torch.Tensor:
+    """FlashAttention's verify and draft extend read by hand: request i's queries (D drafts in verify,
+    its ext[i] accepted tokens in draft extend, packed) over req_to_token[row, :kv_len] (kv_len =
+    seq + D in verify, seq in draft extend), causal aligned at the end."""
+    outs, at, group = [], 0, HEADS // KV_HEADS
+    for i, (r, n) in enumerate(zip(rows.tolist(), lens.tolist(), strict=True)):
+        q_len, kv_len = (D, n + D) if verify else (ext[i], n)
+        idx = req_to_token[r, :kv_len].long()
+        k = pool.k[0][idx].repeat_interleave(group, dim=1)
+        v = pool.v[0][idx].repeat_interleave(group, dim=1)
+        t = torch.arange(q_len)
+        allowed = torch.arange(kv_len)[None, :] <= (kv_len - q_len + t)[:, None]
+        s = torch.einsum("thd,nhd->thn", q[at : at + q_len], k) * scale
+        p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
+        outs.append(torch.einsum("thn,nhd->thd", p, v))
+        at += q_len
+    return torch.cat(outs)

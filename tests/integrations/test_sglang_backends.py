@@ -31,6 +31,7 @@ from tests.integrations.sglang_world import (
     Pool,
     attention_oracle,
     extend_oracle,
+    fa_extend_oracle,
     make_pool,
     page_rows,
     replay_view,
@@ -294,4 +295,36 @@ def test_triton_extend_attention_is_sglangs_kernel_over_the_metadata(mode):
         want = triton_extend_oracle(q[: 3 * D].view(-1, HEADS, HEAD_DIM), k_ext.view(-1, KV_HEADS, HEAD_DIM),
                                     v_ext.view(-1, KV_HEADS, HEAD_DIM), pool, req_to_token, fb.req_pool_indices,
                                     fb.seq_lens, ext, verify, masks, HEAD_DIM ** -0.5)
+        torch.testing.assert_close(out.float(), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("P", [1, 16])
+@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
+def test_flashattention_extend_attention_reads_the_page_table(mode, P):
+    """FlashAttentionBackend.forward_extend (the torch reference over the page table, cu_seqlens_q
+    and the lengths), eager and replayed, against attention read by hand from the pool."""
+    c = compile_backend("flashattention", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                         modes=MODES, num_draft_tokens=D, page_size=P))
+    req_to_token = make_pool(seed=13, P=P)
+    pool = Pool(int(req_to_token.max()) + 1)
+    be = new_backend("flashattention", c, req_to_token)
+    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
+    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    rng, g = random.Random(5), torch.Generator().manual_seed(5)
+    verify = mode == "target_verify"
+    graph = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=None if verify else [1] * 4, pool=pool))
+    for replayed in (False, True):
+        lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
+        ext = None if verify else [rng.randint(1, D) for _ in lens]
+        fb = sglang_batch(mode, lens, rng, ext=ext, pool=pool)
+        q = torch.randn(4 * D, HEADS * HEAD_DIM, generator=g)  # the runner's static rows; past the queries: padding
+        if replayed:
+            be.init_forward_metadata_out_graph(replay_view(fb, 4, 1))
+            graph.replay()
+        else:
+            be.init_forward_metadata(fb)
+        n = 3 * D if verify else sum(ext)
+        out = be.forward_extend(q, None, None, layer, fb, save_kv_cache=False).view(-1, HEADS, HEAD_DIM)[:n]
+        want = fa_extend_oracle(q[:n].view(-1, HEADS, HEAD_DIM), pool, req_to_token, fb.req_pool_indices,
+                                fb.seq_lens, ext, verify, HEAD_DIM ** -0.5)
         torch.testing.assert_close(out.float(), want, rtol=2e-3, atol=2e-3)
