@@ -53,8 +53,11 @@ class AttnmetaBackend(_SGLangBackend):
         """Built from SGLang's ``ModelRunner``: its server args, model config, pools and device. A
         ``compiled`` backend (e.g. ``load_compiled(path)`` of an artifact) skips compiling."""
         mc, tp = runner.model_config, getattr(runner, "tp_size", 1)
+        wanted = compile_options(runner.server_args, mc, **overrides)
         if compiled is None:
-            compiled = compile_backend(cls.spec_name, compile_options(runner.server_args, mc, **overrides))
+            compiled = compile_backend(cls.spec_name, wanted)
+        else:  # an artifact compiled ahead must match the server it is loaded into
+            _check_matches(compiled.options, wanted)
         return cls(compiled, runner.req_to_token_pool.req_to_token, num_heads=mc.num_attention_heads // tp,
                    num_kv_heads=mc.get_num_kv_heads(tp), head_dim=mc.head_dim,
                    v_head_dim=getattr(mc, "v_head_dim", None), device=runner.device)
@@ -115,6 +118,21 @@ class AttnmetaBackend(_SGLangBackend):
 
     def _extend(self, q, k_buf, v_buf, o, layer):
         raise NotImplementedError(f"{type(self).__name__} computes attention in decode only")
+
+
+def _check_matches(have, want) -> None:
+    """The options that shape metadata, the artifact's against the server's; a mismatch names each."""
+    names = ("page_size", "max_context_len", "num_heads", "num_kv_heads", "num_draft_tokens", "topk", "num_steps")
+    bad = [f"{n}: artifact {getattr(have, n)}, server {getattr(want, n)}" for n in names
+           if getattr(have, n) != getattr(want, n)]
+    missing = sorted(m.name.lower() for m in set(want.modes) - set(have.modes))
+    if missing:
+        bad.append(f"modes {missing} are not in the artifact")
+    if have.max_bs < want.max_bs:
+        bad.append(f"max_bs: artifact {have.max_bs}, server captures up to {want.max_bs}")
+    if bad:
+        raise OptionsError("the compiled artifact does not match this server (" + "; ".join(bad) + "); recompile it "
+                           "with the server's options (attnmeta compile ... --out) or unset ATTNMETA_ARTIFACT")
 
 
 def _write_mask(buf, mask):

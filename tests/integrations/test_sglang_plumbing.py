@@ -101,3 +101,29 @@ def test_misconfigurations_are_named():
     be.init_forward_metadata(other)  # and the backend serves the next batch
     assert be.forward_metadata.kv_indptr[:2].tolist() == [0, 4]
     assert isinstance(be.forward_metadata.num_kv_splits, torch.Tensor)
+
+
+def test_an_artifact_must_match_the_server(tmp_path, monkeypatch):
+    """ATTNMETA_ARTIFACT: the factory loads a compiled artifact, and refuses one compiled for another
+    server (here another page size and context), naming each difference."""
+    from attnmeta.integrations.sglang.registry import factory
+
+    pool = make_pool(seed=2)
+    mc = SimpleNamespace(num_attention_heads=HEADS, head_dim=HEAD_DIM, context_len=L,
+                         get_num_kv_heads=lambda tp: KV_HEADS)
+    runner = SimpleNamespace(server_args=server_args(cuda_graph_bs_decode=[1, 4], context_length=L, page_size=1),
+                             model_config=mc, tp_size=1, device="cpu",
+                             req_to_token_pool=SimpleNamespace(req_to_token=pool))
+    good, bad = tmp_path / "good.attnmeta", tmp_path / "bad.attnmeta"
+    compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(1, 4), max_context_len=L, num_heads=HEADS,
+                                             num_kv_heads=KV_HEADS, sm_count=132)).save(str(good))
+    compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(1, 4), max_context_len=L // 2, page_size=16,
+                                             num_heads=HEADS, num_kv_heads=KV_HEADS)).save(str(bad))
+    monkeypatch.setenv("ATTNMETA_ARTIFACT", str(good))
+    be = factory("triton")(runner)
+    be.init_forward_metadata(sglang_batch("decode", [5, 300], random.Random(0)))
+    assert be.forward_metadata.kv_indptr[:3].tolist() == [0, 5, 305]
+    monkeypatch.setenv("ATTNMETA_ARTIFACT", str(bad))
+    with pytest.raises(OptionsError, match=f"page_size: artifact 16, server 1; max_context_len: artifact {L // 2}, "
+                                           f"server {L}"):
+        factory("triton")(runner)
