@@ -69,6 +69,17 @@ def capture_graph(be, cap):
     return g
 
 
+def attention_rig(kind: str, seed: int, P: int = 1):
+    """A backend of ``kind`` compiled for every mode, over a fresh pool, its KV pool and one layer."""
+    c = compile_backend(kind, CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=MODES,
+                                             num_draft_tokens=D, num_heads=HEADS, num_kv_heads=KV_HEADS, page_size=P))
+    req_to_token = make_pool(seed=seed, P=P)
+    be = new_backend(kind, c, req_to_token)
+    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
+    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    return be, req_to_token, Pool(int(req_to_token.max()) + 1), layer
+
+
 def random_lens(rng: random.Random, n: int) -> list[int]:
     return [rng.choice(EDGES) if rng.random() < 0.6 else rng.randint(1, L - D) for _ in range(n)]
 
@@ -222,14 +233,7 @@ def test_decode_attention_reads_the_metadata(compiled):
 def test_flashinfer_extend_attention_reads_the_metadata(mode):
     """FlashInferBackend.forward_extend without FlashInfer (the torch reference over kv_indptr,
     kv_indices and the tree mask), eager and replayed, against attention read from the pool."""
-    c = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
-                                                     modes=MODES, num_draft_tokens=D, num_heads=HEADS,
-                                                     num_kv_heads=KV_HEADS))
-    req_to_token = make_pool(seed=8)
-    pool = Pool(int(req_to_token.max()) + 1)
-    be = new_backend("flashinfer", c, req_to_token)
-    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
-    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    be, req_to_token, pool, layer = attention_rig("flashinfer", seed=8)
     rng = random.Random(2)
     verify = mode == "target_verify"
     g = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=[1] * 4 if not verify else None, pool=pool))
@@ -262,13 +266,7 @@ def test_triton_extend_attention_is_sglangs_kernel_over_the_metadata(mode):
     """TritonBackend.forward_extend runs SGLang's own extend kernel (Triton's interpreter here) over
     attnmeta's qo/kv indptrs, kv indices, tree mask and mask indptr, eager and replayed, against the
     attention read by hand from the pool and the new tokens' K/V."""
-    c = compile_backend("triton", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=MODES,
-                                                 num_draft_tokens=D, num_heads=HEADS, num_kv_heads=KV_HEADS))
-    req_to_token = make_pool(seed=12)
-    pool = Pool(int(req_to_token.max()) + 1)
-    be = new_backend("triton", c, req_to_token)
-    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
-    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    be, req_to_token, pool, layer = attention_rig("triton", seed=12)
     rng, g = random.Random(4), torch.Generator().manual_seed(4)
     verify = mode == "target_verify"
     graph = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=None if verify else [1] * 4, pool=pool))
@@ -303,13 +301,7 @@ def test_triton_extend_attention_is_sglangs_kernel_over_the_metadata(mode):
 def test_flashattention_extend_attention_reads_the_page_table(mode, P):
     """FlashAttentionBackend.forward_extend (the torch reference over the page table, cu_seqlens_q
     and the lengths), eager and replayed, against attention read by hand from the pool."""
-    c = compile_backend("flashattention", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
-                                                         modes=MODES, num_draft_tokens=D, page_size=P))
-    req_to_token = make_pool(seed=13, P=P)
-    pool = Pool(int(req_to_token.max()) + 1)
-    be = new_backend("flashattention", c, req_to_token)
-    be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
-    layer = RadixAttention(HEADS, HEAD_DIM, HEAD_DIM ** -0.5, KV_HEADS, layer_id=0)
+    be, req_to_token, pool, layer = attention_rig("flashattention", seed=13, P=P)
     rng, g = random.Random(5), torch.Generator().manual_seed(5)
     verify = mode == "target_verify"
     graph = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=None if verify else [1] * 4, pool=pool))
