@@ -37,6 +37,7 @@ from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 from .table import table
 
 D = 4  # draft tokens per request in target verify and draft extend
+STEPS = 3  # a multi-step drafter's steps
 
 
 def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int, mode=ForwardMode.DECODE) -> list[ForwardBatch]:
@@ -250,9 +251,6 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, fm)
             for bs in progress(sizes, f"bench {backend}", unit="size")]
     return rows, planner
-
-
-STEPS = 3  # a multi-step drafter's steps
 
 
 def _tbo_step(inner_step):

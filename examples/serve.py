@@ -68,7 +68,7 @@ def batch(reqs: list[int], lens: list[int], device) -> ForwardBatch:
                         seq_lens=seq.to(device), seq_lens_cpu=seq)
 
 
-def _triton_cache() -> set[str] | None:
+def _triton_cache() -> set[str]:
     d = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
     return set(os.listdir(d)) if os.path.isdir(d) else set()
 
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
     print(f"{'loaded' if a.artifact else 'compiled'} in {time.perf_counter() - started:.2f} s")
     n = serve(compiled, a.steps, torch.device(a.device), started=started)
     print(f"served {n} steps of {compiled.spec.name} on {a.device}: every page table checked")
-    if kernels is not None:  # Triton caches each compiled kernel in a directory of its own
-        print(f"Triton kernels compiled by this start: {len(_triton_cache() - kernels)}")
+    # Triton caches each compiled kernel in a directory of its own
+    print(f"Triton kernels compiled by this start: {len(_triton_cache() - kernels)}")
     return 0
 
 

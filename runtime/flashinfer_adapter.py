@@ -152,13 +152,12 @@ def pack_mask(mask: torch.Tensor, qo_indptr_host: torch.Tensor, kv_indptr_host: 
     offsets back to the host, a sync per step."""
     qo, kv = qo_indptr_host.to(torch.int64), kv_indptr_host.to(torch.int64)
     seg = (qo[1:] - qo[:-1]) * (kv[1:] - kv[:-1])
-    plen = (seg + 7) // 8
-    offsets = torch.cat([torch.zeros(2, dtype=torch.int64), torch.cumsum(seg, 0), torch.cumsum(plen, 0)])
-    n, total = seg.shape[0], int(plen.sum())
-    dev = offsets.to(mask.device, non_blocking=True)
-    starts, pstarts = dev[0:1].clone(), dev[1:2].clone()
-    seg_start = torch.cat([starts, dev[2 : 2 + n]])  # element offset of each request
-    byte_start = torch.cat([pstarts, dev[2 + n : 2 + 2 * n]])  # packed offset of each request
+    n = seg.shape[0]
+    starts = torch.zeros(2, n + 1, dtype=torch.int64)  # each request's first element, and its first packed byte
+    torch.cumsum(seg, 0, out=starts[0, 1:])
+    torch.cumsum((seg + 7) // 8, 0, out=starts[1, 1:])
+    total = int(starts[1, n])
+    seg_start, byte_start = starts.to(mask.device, non_blocking=True)
     req = torch.repeat_interleave(torch.arange(n, device=mask.device), (byte_start[1:] - byte_start[:-1]),
                                   output_size=total)
     byte = torch.arange(total, device=mask.device) - byte_start[req]

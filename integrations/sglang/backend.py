@@ -47,6 +47,9 @@ class AttnmetaBackend(_SGLangBackend):
         self._fill = first.input("seq_lens").fill
         self.max_num_tokens = None
         self.forward_metadata = None
+        # (mode, bs, mask given) -> (the bound plan's fields, the SGLang-shaped object over them): every field
+        # is a static view, so the object is built once per plan, not every step
+        self._shaped: dict[tuple, tuple] = {}
 
     @classmethod
     def from_runner(cls, runner, compiled=None, **overrides):
@@ -82,7 +85,11 @@ class AttnmetaBackend(_SGLangBackend):
             if buf is not None:  # a spec without one (flashattention) verifies a chain causally (topk 1)
                 _write_mask(buf, mask)
         self.inner.init_forward_metadata_out_graph(v, in_capture)
-        self.forward_metadata = self._metadata(self.inner.forward_metadata, v)
+        m, key = self.inner.forward_metadata, (v.forward_mode, v.batch_size, mask is not None)
+        hit = self._shaped.get(key)
+        if hit is None or hit[0] is not m:  # first step of this plan, or its buffers were bound again
+            hit = self._shaped[key] = (m, self._metadata(m, v))
+        self.forward_metadata = hit[1]
 
     def init_forward_metadata_in_graph(self, forward_batch):
         if self._view.source is not forward_batch:
@@ -96,21 +103,20 @@ class AttnmetaBackend(_SGLangBackend):
 
     # --- attention ---
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        return self._attend(self._decode, q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
+        return self._attend(self._extend, q, k, v, layer, forward_batch, save_kv_cache)
+
+    @staticmethod
+    def _attend(kernel, q, k, v, layer, forward_batch, save_kv_cache: bool):
+        """Save the new tokens' K/V first (the metadata's keys include them), then ``kernel`` over the pool."""
         pool = forward_batch.token_to_kv_pool
         if save_kv_cache and k is not None:
             pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         o = q.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
-        self._decode(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o, layer)
-        return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
-
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True, **kwargs):
-        pool = forward_batch.token_to_kv_pool
-        if save_kv_cache and k is not None:  # the new tokens' K/V first: the metadata's keys include them
-            pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
-        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        o = q.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
-        self._extend(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o, layer)
+        kernel(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o, layer)
         return o.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def _decode(self, q, k_buf, v_buf, o, layer):
@@ -164,6 +170,7 @@ class TritonBackend(AttnmetaBackend):
         have = getattr(self, "attn_logits", None)
         if have is None or have.shape[0] < tokens:
             f32 = dict(dtype=torch.float32, device=self.device)
+            self._shaped.clear()  # shaped metadata holding the old scratch
             self.attn_logits = torch.zeros((tokens, self.num_heads, self.max_kv_splits, self.v_head_dim), **f32)
             self.attn_lse = torch.zeros((tokens, self.num_heads, self.max_kv_splits), **f32)
         return self.attn_logits, self.attn_lse

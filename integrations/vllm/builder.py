@@ -88,20 +88,24 @@ class AttnmetaPagedMetadataBuilder(AttentionMetadataBuilder[AttnmetaPagedMetadat
         if self.compiled.spec.name != SPEC.name:
             raise OptionsError(f"the vLLM builder serves attnmeta's {SPEC.name!r} spec, "
                                f"got {self.compiled.spec.name!r}")
-        self.backend = None
+        self.backend, self._table_ptr = None, None
         self._view = _Batch()
         self._capturing = False
 
     def _bind(self, table: torch.Tensor):
-        """vLLM's persistent block table (max_num_seqs rows) behind the batch's [:num_reqs] view."""
+        """vLLM's persistent block table (max_num_seqs rows) behind the batch's [:num_reqs] view; a step
+        whose view starts where the bound table does binds nothing."""
+        if self.backend is not None and table.data_ptr() == self._table_ptr:
+            return
         full = torch.as_strided(table, (self.compiled.options.max_bs, table.shape[1]), table.stride())
         if self.backend is None:
             self.backend = self.compiled.instantiate(full, device=table.device, pools={"block_table": full})
-        elif self.backend.pools["block_table"].data_ptr() != full.data_ptr():
+        else:
             try:
                 self.backend.rebind_pools(block_table=full)
             except StaleBufferError as e:
                 raise StaleBufferError(f"vLLM's block table moved after capture: {e}") from None
+        self._table_ptr = table.data_ptr()  # only once bound: a refused table is refused again next step
 
     def build(self, common_prefix_len: int, common_attn_metadata, fast_build: bool = False) -> AttnmetaPagedMetadata:
         cm = common_attn_metadata

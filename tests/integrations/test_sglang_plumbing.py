@@ -127,3 +127,18 @@ def test_an_artifact_must_match_the_server(tmp_path, monkeypatch):
     with pytest.raises(OptionsError, match=f"page_size: artifact 16, server 1; max_context_len: artifact {L // 2}, "
                                            f"server {L}"):
         factory("triton")(runner)
+
+
+def test_the_shaped_metadata_is_built_once_per_plan():
+    """forward_metadata's fields are static views, so the SGLang-shaped object is built at a plan's
+    first step and reused: the next step of that size gets the same object, reading the new batch."""
+    c = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L,
+                                                 num_heads=HEADS, num_kv_heads=KV_HEADS))
+    be = KINDS["triton"](c, make_pool(), num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM)
+    rng = random.Random(3)
+    be.init_forward_metadata(sglang_batch("decode", [3, 7], rng))
+    first = be.forward_metadata
+    be.init_forward_metadata(sglang_batch("decode", [5, 9], rng))
+    assert be.forward_metadata is first and first.kv_indptr[:3].tolist() == [0, 5, 14]
+    be.init_forward_metadata(sglang_batch("decode", [5, 9, 2], rng))
+    assert be.forward_metadata is not first and be.forward_metadata.kv_indptr[:4].tolist() == [0, 5, 14, 16]
