@@ -31,6 +31,7 @@ from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
 from .common import decode_inputs, sub_rows, verify_headroom
+from .dsv4_compress import decode_plans, verify_plans
 
 I32, I64 = DType.int32, DType.int64
 PAGE, SWA, ALIGN = 256, 128, 64
@@ -77,6 +78,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     seq, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
     topk = options.index_topk
+    speculative = any(m.is_target_verify() or m.is_draft_extend() for m in options.modes)
     if mode.is_draft_extend():  # V2: T tokens per request, token t at causal length seq - T + 1 + t
         T = options.num_draft_tokens
         out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0, kind=Kind.slot)
@@ -92,10 +94,12 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
             own, t = sub_rows(b, D)
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
             full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs", topk)
+            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, speculative)
     else:
         out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs", topk)
+            full |= decode_plans(b, seq, full["positions"], rpi, req_to_token, full_to_swa, speculative)
     b.outputs(**full)
     return b.build()
 

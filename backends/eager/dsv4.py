@@ -8,6 +8,11 @@ from types import SimpleNamespace
 import torch
 
 PAGE, SWA, ALIGN = 256, 128, 64
+
+
+def ring_size(ratio: int, speculative: bool) -> int:
+    """A compressor's state ring: 8 (c4) / 128 (c128) rows, twice that under speculative decoding."""
+    return (16 if ratio == 4 else 256) if speculative else (8 if ratio == 4 else 128)
 SWA_FIELDS = ("positions", "seq_lens_casual", "raw_out_loc", "swa_topk_lengths", "swa_page_indices",
               "swa_out_cache_loc", "page_table")
 
@@ -19,8 +24,9 @@ def pad_to_64(x: torch.Tensor) -> torch.Tensor:
 
 class EagerDSV4Decode:
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None,
-                 draft_tokens: int = 4, index_topk: int = 512):
+                 draft_tokens: int = 4, index_topk: int = 512, speculative: bool = False):
         self.req_to_token, self.D, self.topk = req_to_token, draft_tokens, index_topk
+        self.rings = {r: ring_size(r, speculative) for r in (4, 128)}
         slots = int(req_to_token.max()) + 1
         self.full_to_swa = full_to_swa if full_to_swa is not None else swa_table(slots, req_to_token.device)
 
@@ -36,7 +42,52 @@ class EagerDSV4Decode:
         m = self.upgrade(seq, rpi, loc)
         if fb.forward_mode.is_draft_extend():  # SWA only, no compression
             return SimpleNamespace(**{k: getattr(m, k) for k in SWA_FIELDS})
+        for r, ring in self.rings.items():
+            if fb.forward_mode.is_target_verify():
+                c, w = self.verify_plan(seq - 1, rpi, r, ring)
+                setattr(m, f"c{r}_plan_c", c)
+                setattr(m, f"c{r}_plan_w", w)
+            else:
+                setattr(m, f"c{r}_plan_d", self.decode_plan(seq, rpi, r, ring))
         return m
+
+    def ring_loc(self, pos, rid, r: int, ring: int):
+        """Where position ``pos`` of pool row ``rid`` keeps its compressor state."""
+        if r == 128:
+            return rid * ring + pos % ring
+        s = self.full_to_swa[self.req_to_token[rid, pos].long()].long()
+        return s // 256 * ring + s % ring
+
+    def decode_plan(self, seq, rpi, r: int, ring: int):
+        p1 = seq.long() - 1
+        write = self.ring_loc(p1, rpi, r, ring)
+        read0 = self.ring_loc((p1 - r).clamp(min=0), rpi, r, ring) // r
+        return torch.stack([seq.long(), write, read0, write // r], 1).int()
+
+    def verify_plan(self, pos, rpi, r: int, ring: int):
+        """The compress entries (tokens completing a block) and write entries (tokens the ring keeps)
+        of D query tokens per request at positions ``pos``, in token order, then invalid entries."""
+        pos, n = pos.long(), pos.shape[0]
+        j = torch.arange(n, device=pos.device) % self.D
+        window = 2 * r if r == 4 else r
+        buf = window - (j + 1).clamp(max=window)
+        end = pos - j + self.D
+        pad = ring - window + 2 if ring > window else 0
+        keep_w = pos >= torch.minimum(end // r * r - (r if r == 4 else 0), end - pad)
+        if r == 4:
+            keep_w |= pos % 256 >= 256 - r
+        read = torch.stack([self.ring_loc((pos - r).clamp(min=0), rpi, r, ring) // r,
+                            self.ring_loc(pos, rpi, r, ring) // r], 1)
+        own = torch.stack([torch.full_like(pos, -1), torch.arange(n, device=pos.device) // self.D], 1)
+        c = torch.cat([(pos + 1)[:, None], (torch.arange(n, device=pos.device) + (buf << 16))[:, None],
+                       torch.where((buf > 0)[:, None], read, own)], 1)
+        w = torch.stack([torch.arange(n, device=pos.device), self.ring_loc(pos, rpi, r, ring)], 1)
+        c = c[(pos + 1) % r == 0]
+        w = w[keep_w]
+        c_out = torch.tensor([-1, 0, -1, -1], device=pos.device).repeat(n, 1)
+        w_out = torch.full((n, 2), -1, device=pos.device, dtype=torch.long)
+        c_out[: c.shape[0]], w_out[: w.shape[0]] = c, w
+        return c_out.int(), w_out.int()
 
     def upgrade(self, seq, rpi, loc) -> SimpleNamespace:
         tokens, L = seq.shape[0], self.req_to_token.shape[1]

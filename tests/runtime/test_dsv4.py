@@ -43,7 +43,7 @@ def test_without_hoisting_check_split_names_every_step():
     assert steps >= {n.name for n in spec.nodes if n.op.value == "gather_rows"}
     named = {v.node for v in e.value.violations if v.rule == "unstable-buffer"}
     assert named == steps
-    assert all("backends/dsv4.py:" in v.origin for v in e.value.violations)
+    assert all(v.origin.startswith(("backends/dsv4.py:", "backends/dsv4_compress.py:")) for v in e.value.violations)
 
 
 @pytest.mark.parametrize("bs", SIZES)
@@ -100,7 +100,7 @@ def test_verify_expands_per_token_and_matches_the_twin(bs):
     f2s = swa_table(ROWS * L + 1, "cpu")
     cb = compile_backend("dsv4", opts)
     be = cb.instantiate(pool, pools={"full_to_swa": f2s})
-    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=D)
+    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=D, speculative=True)
     V = ForwardMode.TARGET_VERIFY
 
     def batch(raw, seed, max_len=L - D):
@@ -132,7 +132,7 @@ def test_draft_extend_is_swa_only_and_matches_the_twin():
     cb = compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=(bs,), max_context_len=L,
                                                num_draft_tokens=T, modes=("draft_extend",)))
     be = cb.instantiate(pool, pools={"full_to_swa": f2s})
-    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=T)
+    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=T, speculative=True)
 
     def batch(n, seed):
         fb = make_batch(n, L, ROWS, seed=seed, mode=E)
