@@ -211,6 +211,14 @@ class _Skeleton:
 _SKELETONS: dict[tuple, _Skeleton] = {}
 
 
+def _columns(g: Graph) -> tuple:
+    """The extents a fused kernel's code holds as constants: every matrix's width and every outer's
+    column length. Sizes share a skeleton only where these agree (a [rows, bs + 1] matrix does not)."""
+    types = g.types()
+    return (tuple(t.shape[1] for t in types.values() if len(t.shape) == 2),
+            tuple(types[n.inputs[1]].shape for n in g.nodes if n.op is Op.outer))
+
+
 def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, int], max_bs: int) -> LoweredPlan:
     """Requires a specialized, split-checked graph whose layout (pack-inputs, plan-buffers) sits at
     ``base`` in the backend's spaces. Produces the three fx modules and the plan's binding.
@@ -230,7 +238,7 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
     shared = (set(consts) - set(local)) | views  # made outside the modules: their attributes are no code
     key = (mode, tuple((n.name, n.op, n.inputs, n.region, () if n.name in shared else n.attrs) for n in g.nodes),
            tuple((i.name, i.role, i.type.placement, i.type.dtype) for i in g.inputs),
-           tuple((o.field, o.value) for o in g.outputs), g.kernels, local)
+           tuple((o.field, o.value) for o in g.outputs), g.kernels, local, _columns(g))
     sk = _SKELETONS.get(key)
     if sk is None:
         sk = _SKELETONS[key] = _skeleton(g, places, consts, local, views)

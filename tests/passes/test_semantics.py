@@ -207,3 +207,42 @@ def test_every_size_shares_one_lowered_program(name, page):
     plans = [cb.plan(ForwardMode.DECODE, bs) for bs in sizes]
     assert len({id(p.in_gm) for p in plans}) == 1 and len({id(p.out_gm) for p in plans}) == 1
     assert "k_slice" not in plans[0].in_gm.code + plans[0].out_gm.code
+
+
+def batch_wide_spec(mode, options):
+    """Per column k of a fixed width, how many prefix sums of the lengths are at most k: a matrix
+    [8, bs + 1] whose width changes with the batch size."""
+    from attnmeta.compiler.ir import DType, SpecBuilder
+
+    I32 = DType.int32
+    b = SpecBuilder("batch_wide")
+    seq = b.input("seq_lens", I32, ["bs"], fill=1)
+    b.input("req_pool_indices", DType.int64, ["bs"], fill=0)
+    b.pool("req_to_token", I32, ["R", "L"])
+    with b.in_graph():
+        ex = b.cumsum(seq)  # [bs + 1]
+        below = b.cast(b.outer("ge", b.ewise("mul", b.arange(8), 3), ex), I32)
+        count = b.op("reduce_rows", below, fn="sum")
+    b.outputs(count=count, ex=ex)
+    return b.build()
+
+
+def test_sizes_whose_columns_differ_do_not_share_kernels():
+    """One kernel source serves every captured size only where its column widths agree: replayed at
+    each size, a [8, bs + 1] matrix equals the interpreter's (a shared kernel would keep one width)."""
+    from attnmeta.compiler import BackendSpec, compile_backend
+    from attnmeta.runtime import ReplayView
+
+    sizes = (2, 5, MAX_BS)
+    cb = compile_backend(BackendSpec("batch_wide", batch_wide_spec, (ForwardMode.DECODE,)),
+                         CompileOptions(max_bs=MAX_BS, capture_sizes=sizes, max_context_len=L))
+    pool = make_pool(ROWS, L, 3)
+    be = cb.instantiate(pool)
+    graphs = {bs: capture(be, make_batch(bs, L, ROWS, 1, max_len=3)) for bs in sizes}
+    for bs in sizes:
+        fb = make_batch(bs, L, ROWS, seed=bs)
+        be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+        graphs[bs].replay()
+        want = run(cb.plan(ForwardMode.DECODE, bs).graph, interp_inputs(fb, bs, pool, FILLS))
+        assert torch.equal(be.forward_metadata.count, want["count"]), bs
+        assert torch.equal(be.forward_metadata.count, (torch.arange(8)[:, None] * 3 >= want["ex"]).sum(1).int())
