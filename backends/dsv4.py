@@ -32,6 +32,7 @@ from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
 from .common import decode_inputs, sub_rows, verify_headroom
 from .dsv4_compress import decode_plans, verify_plans
+from .dsv4_indexer import indexer_schedule
 
 I32, I64 = DType.int32, DType.int64
 PAGE, SWA, ALIGN = 256, 128, 64
@@ -95,11 +96,15 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
             full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs", topk)
             full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, speculative)
+            full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
+                                                           options.max_bs * D)
     else:
         out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs", topk)
             full |= decode_plans(b, seq, full["positions"], rpi, req_to_token, full_to_swa, speculative)
+            full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
+                                                           options.max_bs)
     b.outputs(**full)
     return b.build()
 

@@ -106,3 +106,31 @@ def plan_prefill(rids, seqs, extends, r2t, f2s, ratio, swa_page_size, ring_size,
     words_c += [[-1, 0, -1, -1]] * (num_q_tokens - len(words_c))  # CompressPlan::invalid()
     words_w += [[-1, -1]] * (num_q_tokens - len(words_w))  # WritePlan::invalid()
     return torch.tensor(words_c, dtype=torch.int32), torch.tensor(words_w, dtype=torch.int32)
+
+
+def paged_mqa_schedule(context_lens, num_sm: int) -> torch.Tensor:
+    """paged_mqa_metadata.cuh (the single-block kernel every path shares): a prefix sum of 256-key
+    blocks, then per SM i a binary search (upper bound) for its start ``target``."""
+    s_prefix, running = [], 0
+    for length in context_lens.tolist():
+        running += (length + 256 - 1) >> 8
+        s_prefix.append(running)
+    bs, global_sum = len(s_prefix), running
+    avg, ret = global_sum // num_sm, global_sum % num_sm
+    pivot = num_sm - ret
+    out = []
+    for i in range(num_sm + 1):
+        target = i * avg + (i - pivot if i > pivot else 0)
+        lo, hi = 0, bs
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if s_prefix[mid] <= target:
+                lo = mid + 1
+            else:
+                hi = mid
+        q = lo
+        if q >= bs:
+            out.append([bs, 0])
+        else:
+            out.append([q, target - (0 if q == 0 else s_prefix[q - 1])])
+    return torch.tensor(out, dtype=torch.int32)

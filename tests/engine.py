@@ -79,6 +79,7 @@ def _twin(name: str, pool, opts: CompileOptions, pools):
         return cls(pool, opts.max_bs, opts.page_size, num_steps=S)
     if inner == "dsv4":
         return cls(pool, opts.max_bs, pools["full_to_swa"], draft_tokens=D, index_topk=opts.index_topk,
+                   sm_count=opts.sm_count,
                    speculative=any(m.is_target_verify() or m.is_draft_extend() for m in opts.modes))
     return cls(pool, opts.max_bs, draft_tokens=D)
 

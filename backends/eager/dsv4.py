@@ -24,8 +24,8 @@ def pad_to_64(x: torch.Tensor) -> torch.Tensor:
 
 class EagerDSV4Decode:
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None,
-                 draft_tokens: int = 4, index_topk: int = 512, speculative: bool = False):
-        self.req_to_token, self.D, self.topk = req_to_token, draft_tokens, index_topk
+                 draft_tokens: int = 4, index_topk: int = 512, speculative: bool = False, sm_count: int = 132):
+        self.req_to_token, self.D, self.topk, self.sm_count = req_to_token, draft_tokens, index_topk, sm_count
         self.rings = {r: ring_size(r, speculative) for r in (4, 128)}
         slots = int(req_to_token.max()) + 1
         self.full_to_swa = full_to_swa if full_to_swa is not None else swa_table(slots, req_to_token.device)
@@ -42,6 +42,7 @@ class EagerDSV4Decode:
         m = self.upgrade(seq, rpi, loc)
         if fb.forward_mode.is_draft_extend():  # SWA only, no compression
             return SimpleNamespace(**{k: getattr(m, k) for k in SWA_FIELDS})
+        m.c4_indexer_schedule = self.indexer_schedule(m.c4_topk_lengths_raw)
         for r, ring in self.rings.items():
             if fb.forward_mode.is_target_verify():
                 c, w = self.verify_plan(seq - 1, rpi, r, ring)
@@ -50,6 +51,16 @@ class EagerDSV4Decode:
             else:
                 setattr(m, f"c{r}_plan_d", self.decode_plan(seq, rpi, r, ring))
         return m
+
+    def indexer_schedule(self, lens):
+        """Where each SM's share of the indexer's 256-key blocks starts: (row, block offset)."""
+        ends = torch.cumsum((lens.long().clamp(min=0) + 255) // 256, 0)
+        total, sm = int(ends[-1]) if len(ends) else 0, self.sm_count
+        i = torch.arange(sm + 1)
+        start = i * (total // sm) + (i - (sm - total % sm)).clamp(min=0)
+        q = torch.searchsorted(ends.cpu(), start, right=True)
+        before = torch.cat([torch.zeros(1, dtype=torch.long), ends.cpu()])[q]
+        return torch.stack([q, torch.where(start < total, start - before, 0)], 1).int().to(lens.device)
 
     def ring_loc(self, pos, rid, r: int, ring: int):
         """Where position ``pos`` of pool row ``rid`` keeps its compressor state."""

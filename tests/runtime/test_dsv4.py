@@ -43,7 +43,7 @@ def test_without_hoisting_check_split_names_every_step():
     assert steps >= {n.name for n in spec.nodes if n.op.value == "gather_rows"}
     named = {v.node for v in e.value.violations if v.rule == "unstable-buffer"}
     assert named == steps
-    assert all(v.origin.startswith(("backends/dsv4.py:", "backends/dsv4_compress.py:")) for v in e.value.violations)
+    assert all(v.origin.startswith("backends/dsv4") for v in e.value.violations)  # dsv4.py and its parts
 
 
 @pytest.mark.parametrize("bs", SIZES)

@@ -15,7 +15,7 @@ from tests import dsv4_plan_oracle as sgl
 from tests.batches import capture, make_pool
 from tests.oracles import padded
 
-L, ROWS, MAX_BS, D, SWA_PAGE = 1100, 10, 8, 3, 256
+L, ROWS, MAX_BS, D, SWA_PAGE, SM = 1100, 10, 8, 3, 256, 7  # few SMs: several share a row
 DEC, VER, EXT = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND
 SPECIAL = sorted({1, 2, L - D, L - D - 1} | {m * k + d for m in (4, 64, 128, 256) for k in (1, 2, 4)
                                            for d in (-1, 0, 1) if 1 <= m * k + d <= L - D})
@@ -38,6 +38,12 @@ def test_the_oracle_on_hand_computed_plans():
     assert w.tolist() == [[0, 21], [1, 22], [2, 23]]
 
 
+def test_the_schedule_oracle_on_a_hand_computed_case():
+    """Blocks [2, 0, 4] (6 in all) over 4 SMs: 1 each, the last two take 2; starts 0, 1, 2, 4, 6."""
+    got = sgl.paged_mqa_schedule(torch.tensor([300, 0, 1000]), 4).tolist()
+    assert got == [[0, 0], [0, 1], [2, 0], [2, 2], [3, 0]]
+
+
 def batch(mode, raw: int, rng: random.Random) -> ForwardBatch:
     hi = L - D if mode is VER else L
     seq = torch.tensor([rng.choice(SPECIAL + [hi]) if rng.random() < 0.6 else rng.randint(1, hi)
@@ -53,7 +59,8 @@ def expected(fb: ForwardBatch, pool, f2s, drafts: int) -> dict:
     """SGLang's plans for this (padded) batch: decode plans in decode, the prefill planner's
     uniform-extend plans in verify (lengths seq + D, D tokens each)."""
     seq, rpi, bs = fb.seq_lens_cpu.long(), fb.req_pool_indices.cpu(), fb.batch_size
-    want = {}
+    tokens = seq if fb.forward_mode is DEC else (seq[:, None] + 1 + torch.arange(D)).flatten()
+    want = {"c4_indexer_schedule": sgl.paged_mqa_schedule(tokens // 4, SM)}
     for r in (4, 128):
         ring = sgl.ring_size(r, drafts)
         if fb.forward_mode is DEC:
@@ -73,7 +80,7 @@ def differing(meta, want: dict) -> list[str]:
 @pytest.mark.parametrize("modes", [("decode", "idle"), ("decode", "idle", "target_verify", "draft_extend")])
 def test_plans_equal_sglang_planner(modes):
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(2, 5, 8), max_context_len=L, num_draft_tokens=D,
-                          modes=modes)
+                          modes=modes, sm_count=SM)
     drafts = D if "target_verify" in modes else 0  # the ring is wider under speculative decoding
     pool = make_pool(ROWS, L, seed=len(modes))
     f2s = swa_table(ROWS * L + 1, "cpu")
@@ -101,7 +108,7 @@ def test_plans_equal_sglang_planner(modes):
 def test_the_comparison_can_fail():
     """A plan built for the wrong ring (speculative vs not) differs, in decode and in verify."""
     opts = CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L, num_draft_tokens=D,
-                          modes=("decode", "target_verify"))
+                          modes=("decode", "target_verify"), sm_count=SM)
     pool = make_pool(ROWS, L, seed=5)
     f2s = swa_table(ROWS * L + 1, "cpu")
     be = compile_backend("dsv4", opts).instantiate(pool, pools={"full_to_swa": f2s})
@@ -111,3 +118,5 @@ def test_the_comparison_can_fail():
         be.init_forward_metadata(fb)
         assert differing(be.forward_metadata, expected(padded(fb, 4, mode), pool, f2s, D)) == []
         assert differing(be.forward_metadata, expected(padded(fb, 4, mode), pool, f2s, 0))
+        lens = be.forward_metadata.c4_topk_lengths_raw
+        assert not torch.equal(be.forward_metadata.c4_indexer_schedule, sgl.paged_mqa_schedule(lens, SM + 1)[:SM + 1])
