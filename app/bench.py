@@ -220,7 +220,7 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, mode=Forw
         ("floor", floor), ("compiled", compiled),
         ("eager", lambda i: eager(batches[i % 8])),
         # where the compiled step's time goes, each part alone
-        ("stage", lambda i: b.stager.stage(batches[i % 8], bs, bs)),
+        ("stage", lambda i: b.stager.fast(batches[i % 8], bs, bs)),
         ("validate", validate),
         ("host_ops", lambda i: b.out_fn(*b.out_args)),
         ("replay", lambda i: g.replay()),

@@ -97,7 +97,7 @@ class CompiledAttentionBackend(AttentionBackend):
         if raw > bs:
             raise BatchError(f"the batch has {raw} live rows but is padded to {bs}; pad to at least {raw}")
         try:
-            b.stager.stage(fb, bs, raw, in_capture)
+            b.stager.fast(fb, bs, raw, in_capture)
         except BatchError as e:
             log.info("refused a %s batch: %s", fb.forward_mode.name.lower(), e)
             raise

@@ -34,6 +34,8 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.lowering.binding import Kind, Slot
 
+from .stagegen import generate
+
 _INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
 
@@ -127,11 +129,14 @@ class _Staged:
 
 
 class Stager:
-    """The staging of one plan: its slots, and the packed copy of its mode's staging bytes."""
+    """The staging of one plan: its slots, and the packed copy of its mode's staging bytes.
+    ``fast`` is the plan's generated straight-line staging (runtime/stagegen.py), which takes the
+    common case and hands every other step to ``stage``, the general path."""
 
     def __init__(self, slots: list[_Staged], copies: list[tuple[torch.Tensor, torch.Tensor]], event: list,
                  device: torch.device):
         self.slots, self.copies, self.event, self.device = slots, copies, event, device
+        self.fast = generate(self)
 
     def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
         ev = self.event[0]

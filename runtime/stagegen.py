@@ -1,0 +1,85 @@
+"""Straight-line staging code, generated once per bound plan.
+
+``Stager.stage`` is the general path: a loop over the plan's slots that looks each field up,
+accepts lists, other integer dtypes and device tensors, and explains every refusal. Almost every
+step of a serving loop is the common case: each field a contiguous host tensor of the slot's
+dtype (or, for a field the host never reads, a device tensor: copied device to device). For that
+case this module writes one Python function per plan with every slot unrolled and every pointer,
+view, bound and fill bound as a constant, so a step does no per-slot attribute lookups, calls or
+branches it does not need. Anything else (a missing field, a list, another dtype, a tensor on
+another device, a value out of range, IDLE) hands the whole step to the general path,
+which stages it again from the start and raises the same ``BatchError`` it always did.
+
+``source(stager)`` returns the generated code, for reading (``attnmeta inspect`` prints it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+
+def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(fetch and guard, copy and check, pad, device copy) lines for slot ``i``."""
+    n = f"raw * {s.per_row}" if s.per_row > 1 else "raw"
+    host_only = s.dev is None  # else a device tensor is copied device to device after the packed copy
+    on_host = f" or not a{i}.is_cpu" if host_only else ""
+    fetch = [f"a{i} = fb.{s.source}",
+             f"if a{i}.__class__ is not T or a{i}.dtype is not DT{i}{on_host} "
+             f"or not a{i}.is_contiguous() or a{i}.shape[0] < {n}:",
+             "    return general(fb, bs, raw, capture)"]
+    copy = [f"memmove(P{i}, a{i}.data_ptr(), {n} * {s.itemsize})"]
+    if not s.full_range:  # read as unsigned, a negative value is huge: one maximum checks [0, hi]
+        zero_small = f" or (not capture and 0 in M{i}[:{n}])" if s.lo == 1 else ""
+        zero_large = f" or (not capture and count_nonzero(SN{i}[:{n}]) != {n})" if s.lo == 1 else ""
+        copy += [f"if {n} <= 16:",
+                 f"    if max(U{i}[:{n}]) > {s.hi}{zero_small}:",
+                 "        return general(fb, bs, raw, capture)",
+                 f"elif (u := UN{i}[:{n}])[u.argmax()] > {s.hi}{zero_large}:",
+                 "    return general(fb, bs, raw, capture)"]
+    late = []
+    if not host_only:  # the host cannot check it without a sync: the kernels guard it on the device
+        copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
+                f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)"]
+        late = [f"if not a{i}.is_cpu:", f"    DEVT{i}[:{n}].copy_(a{i}.view(-1)[:{n}], non_blocking=True)"]
+    total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
+    pad = [f"if {n} != {total} or DIRTY{i}[0] != {total}:", f"    PAD{i}({n}, {total})"]
+    return fetch, copy, pad, late
+
+
+def source(stager) -> str:
+    """The generated staging function of ``stager``'s plan (general-path fallbacks included)."""
+    cuda = bool(stager.copies) and stager.device.type == "cuda"
+    body = ["if not raw:", "    return general(fb, bs, raw, capture)"]
+    if cuda:  # the first step records the hazard event (general path); later ones wait on it
+        body += ["ev = EVENT[0]", "if ev is None:", "    return general(fb, bs, raw, capture)",
+                 "ev.synchronize()  # the previous step's copy has read the staging buffer"]
+    fetch, copy, pad, late = [], [], [], []
+    for i, s in enumerate(stager.slots):
+        f, c, p, d = _slot_lines(i, s)
+        fetch, copy, pad, late = fetch + f, copy + c, pad + p, late + d
+    body += ["try:", *("    " + x for x in fetch),
+             "except (AttributeError, IndexError, TypeError):  # a field missing, a list, a 0-d tensor",
+             "    return general(fb, bs, raw, capture)", *copy, *pad]
+    body += [f"COPY(DEV{k}, HOST{k}, non_blocking=True)" for k in range(len(stager.copies))]
+    if cuda:
+        body += ["ev.record(EVENT[1])"]
+    body += late
+    return "def stage(fb, bs, raw, capture=False):\n" + "".join(f"    {line}\n" for line in body)
+
+
+def generate(stager):
+    """The generated staging function of ``stager``'s plan. A field handed as a device tensor (a
+    slot with a device twin) takes the general path's device-to-device copy."""
+    ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero,
+          "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_,
+          "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}
+    for i, s in enumerate(stager.slots):
+        ns |= {f"DT{i}": s.dtype, f"P{i}": s.ptr, f"U{i}": s.umv, f"M{i}": s.mv, f"UN{i}": s.unp, f"SN{i}": s.np,
+               f"DIRTY{i}": s.dirty, f"PAD{i}": s.pad, f"DEVT{i}": s.dev}
+    for k, (dev, host) in enumerate(stager.copies):
+        ns |= {f"DEV{k}": dev, f"HOST{k}": host}
+    exec(compile(source(stager), f"<attnmeta staging {id(stager):x}>", "exec"), ns)  # noqa: S102
+    return ns["stage"]
