@@ -22,6 +22,7 @@ work per step is tiny, so the loop is host-bound); medians are reported.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import statistics
 import time
@@ -40,7 +41,9 @@ D = 4  # draft tokens per request in target verify and draft extend
 STEPS = 3  # a multi-step drafter's steps
 
 
-def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int, mode=ForwardMode.DECODE) -> list[ForwardBatch]:
+def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int, mode=ForwardMode.DECODE,
+             slots: int = 0) -> list[ForwardBatch]:
+    """``slots``: give each query token a KV slot below it on the device (``out_cache_loc``, DSV4)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -48,6 +51,9 @@ def _batches(n: int, bs: int, L: int, rows: int, dev, seed: int, mode=ForwardMod
         rpi = (torch.randperm(rows - 1, generator=g)[:bs] + 1).to(torch.int64)
         fb = ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi, seq_lens=seq.to(dev),
                           seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
+        if slots:
+            per = 1 if mode.is_decode() else D
+            fb.out_cache_loc = torch.randint(1, slots, (bs * per,), generator=g).to(dev)
         if mode.is_draft_extend():  # the accepted tokens of each request, 1..D
             ext = torch.randint(1, D + 1, (bs,), generator=g, dtype=torch.int32)
             fb.extend_seq_lens, fb.extend_seq_lens_cpu = ext.to(dev), ext
@@ -178,13 +184,13 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
     return step
 
 
-def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE):
-    be = compiled.instantiate(pool, device=dev)
+def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE, pools=None):
+    be = compiled.instantiate(pool, device=dev, pools=pools)
     if planner == "flashinfer":
         from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS)
-    cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99, mode=mode)[0]
+    cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99, mode=mode, slots=_slots(pools))[0]
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator
     if dev.type == "cuda":
@@ -195,9 +201,13 @@ def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE):
     return be, g
 
 
-def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, mode=ForwardMode.DECODE) -> dict:
-    batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs, mode=mode)
-    be, g = _captured(packed, pool, dev, bs, planner, mode)
+def _slots(pools) -> int:
+    return pools["full_to_swa"].shape[0] if pools else 0
+
+
+def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, mode=ForwardMode.DECODE, pools=None) -> dict:
+    batches = _batches(8, bs, L, pool.shape[0], dev, seed=bs, mode=mode, slots=_slots(pools))
+    be, g = _captured(packed, pool, dev, bs, planner, mode, pools)
     b = be.bound(mode, bs)
     nbytes = b.stager.copies[0][1].numel()
     host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
@@ -245,10 +255,15 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
-    eager = _eager_step(get_eager(backend)(pool, max_bs), planner, dev, max_bs, fm)
+    pools, twin = None, get_eager(backend)
+    if backend == "dsv4":  # the full->SWA slot table; the twin builds the compressor plans for the same rings
+        pools = {"full_to_swa": torch.randperm(rows * L).to(torch.int32).to(dev)}
+        twin = functools.partial(twin, full_to_swa=pools["full_to_swa"], draft_tokens=D,
+                                 speculative=not fm.is_decode())
+    eager = _eager_step(twin(pool, max_bs), planner, dev, max_bs, fm)
     if backend.startswith("tbo_"):
         eager = _tbo_step(eager)
-    rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, fm)
+    rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, fm, pools)
             for bs in progress(sizes, f"bench {backend}", unit="size")]
     return rows, planner
 

@@ -186,7 +186,7 @@ def test_bench_measures_the_speculative_modes(capsys, mode):
     for flashinfer, the prefill planner: the labelled stand-in on a CPU)."""
     import json
 
-    for backend in ("flashinfer", "triton", "flashattention"):
+    for backend in ("flashinfer", "triton", "flashattention", "dsv4"):
         assert main(["bench", "--backend", backend, "--mode", mode, "--sizes", "1", "4", "--iters", "5",
                      "--device", "cpu", "--json"]) == 0
         out = capsys.readouterr().out
@@ -196,7 +196,8 @@ def test_bench_measures_the_speculative_modes(capsys, mode):
         assert ("STAND-IN" in doc["planner_label"]) == (backend == "flashinfer")
 
 
-@pytest.mark.parametrize("backend", ["tbo_flashinfer", "tbo_triton", "multistep_flashinfer", "multistep_triton"])
+@pytest.mark.parametrize("backend", ["tbo_flashinfer", "tbo_triton", "multistep_flashinfer", "multistep_triton",
+                                     "dsv4"])
 def test_bench_measures_the_wrapped_backends(capsys, backend):
     """Two-batch overlap (the eager side builds the batch and both halves, each planned) and the
     multi-step drafter (one eager backend and one plan per draft step) are benched like the others."""
