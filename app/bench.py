@@ -134,8 +134,10 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
     import flashinfer
 
     # the same kernel choice as the compiled path's adapter (tensor cores for GQA >= 4, SGLang's rule)
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD",
-                                                      use_tensor_cores=HEADS[0] // HEADS[1] >= 4)
+    from attnmeta.runtime.flashinfer_adapter import WORKSPACE_BYTES
+
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev),
+                                                      "NHD", use_tensor_cores=HEADS[0] // HEADS[1] >= 4)
     ones = torch.ones(max_bs, dtype=torch.int32)  # page size 1: every last page holds one token
 
     def step(fb):
@@ -144,6 +146,14 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
             w.plan(indptr, indices, ones[: indptr.shape[0] - 1], *HEADS, 1,
                    q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     return step
+
+
+def _workspace(mode) -> int:
+    """FlashInfer's workspace: SGLang's default for decode; the prefill wrapper's split-KV scratch for
+    D query rows per request at bs 256 needs more (about 600 MiB on an H200)."""
+    from attnmeta.runtime.flashinfer_adapter import WORKSPACE_BYTES
+
+    return WORKSPACE_BYTES if mode.is_decode() else 1 << 30
 
 
 def _host_plans(m) -> list:
@@ -166,13 +176,15 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
     else:
         import flashinfer
 
-        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev),
-                                                           "NHD", backend="fa2")
-        ones = torch.ones(max_bs, dtype=torch.int32)
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(_workspace(mode), dtype=torch.uint8, device=dev), "NHD", backend="fa2")
+        ones = torch.ones(max_bs, dtype=torch.int32, device=dev if verify else "cpu")
         mask = torch.ones(max_bs * D * (eager.req_to_token.shape[1] + D), dtype=torch.bool, device=dev)
 
         def plan(qo, kv, key=""):
             n = D * int(kv[-1]) if verify else 0
+            if verify:  # as engines call it: indptrs on the device, FlashInfer packs the mask and reads them back
+                qo, kv = qo.to(dev), kv.to(dev)
             w.plan(qo, kv, torch.empty(0, dtype=torch.int32, device=dev), ones[: qo.shape[0] - 1], *HEADS[:2],
                    HEADS[2], 1, custom_mask=mask[:n] if verify else None, causal=not verify,
                    q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
@@ -189,7 +201,7 @@ def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE, po
     if planner == "flashinfer":
         from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 
-        FlashInferDecodeAdapter(be, *HEADS)
+        FlashInferDecodeAdapter(be, *HEADS, workspace_bytes=_workspace(mode))
     cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99, mode=mode, slots=_slots(pools))[0]
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator

@@ -21,6 +21,8 @@ indices itself: copying them again would cost a device copy per step).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from attnmeta.compiler.ir.errors import UserError
@@ -32,6 +34,9 @@ PREFILL_PLANNER = "flashinfer.prefill_plan"
 # The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
 # adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
 MIN_VERSION = (0, 6)
+# FlashInfer's float workspace: SGLang's default. 128 MiB overflows in draft extend at bs 256 (the
+# split-KV partial outputs of 1024 query rows), seen on an H200.
+WORKSPACE_BYTES = 384 << 20
 
 
 class FlashInferVersionError(UserError):
@@ -60,7 +65,7 @@ class FlashInferDecodeAdapter:
     grouped-query attention with 4 or more query heads per KV head."""
 
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
-                 kv_dtype=torch.bfloat16, workspace_bytes: int = 128 << 20, use_tensor_cores: bool | None = None):
+                 kv_dtype=torch.bfloat16, workspace_bytes: int = WORKSPACE_BYTES, use_tensor_cores: bool | None = None):
         self.fi, self.backend = _flashinfer(), backend  # the optional extra: fail here, not inside a step
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
@@ -100,10 +105,27 @@ class FlashInferDecodeAdapter:
 
     def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "plan"):
         w = self.wrapper(key)
+        if indptr_host.shape[0] <= 1:  # no rows (a TBO child of a batch of one): nothing to plan or attend
+            return w
         hq, hkv, d = self.heads
-        w.plan(indptr_host, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
-               q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
+        with self._workspace_checked():
+            w.plan(indptr_host, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
+                   q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         return w
+
+    @contextlib.contextmanager
+    def _workspace_checked(self):
+        """FlashInfer's plan() sizes its split-KV scratch for the captured batch inside our workspace;
+        a workspace too small for it is the caller's setting to change, said so."""
+        try:
+            yield
+        except RuntimeError as e:
+            if "workspace buffer size" not in str(e):
+                raise
+            raise PlanError(f"FlashInfer's workspace ({self.workspace.numel() >> 20} MiB) is too small for this "
+                            f"batch's plan: {str(e).splitlines()[-1].strip()} Pass a larger "
+                            "FlashInferDecodeAdapter(..., workspace_bytes=...): large batches of target verify or "
+                            "draft extend need more than decode") from None
 
     def prefill_wrapper(self, key: str):
         """The paged prefill wrapper of ``key``: on the plan's qo/kv indptr, kv indices and last-page
@@ -130,6 +152,8 @@ class FlashInferDecodeAdapter:
         per request, as FlashInfer lays it out), no causal mask. Draft extend: causal."""
         w = self.prefill_wrapper(key)
         bs = qo_indptr_host.shape[0] - 1
+        if bs == 0:
+            return w
         ones = self._ones.get(bs)
         if ones is None:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
@@ -137,9 +161,10 @@ class FlashInferDecodeAdapter:
         packed = None
         if w.attnmeta_mask is not None:
             packed, indptr = pack_mask(w.attnmeta_mask, qo_indptr_host, kv_indptr_host)
-        w.plan(qo_indptr_host, kv_indptr_host, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
-               packed_custom_mask=packed, causal=packed is None, q_data_type=self.dtypes[0],
-               kv_data_type=self.dtypes[1])
+        with self._workspace_checked():
+            w.plan(qo_indptr_host, kv_indptr_host, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
+                   packed_custom_mask=packed, causal=packed is None, q_data_type=self.dtypes[0],
+                   kv_data_type=self.dtypes[1])
         if packed is not None:  # plan() stores the unpacked offsets; the kernel reads packed ones
             w._mask_indptr_buf.copy_(indptr, non_blocking=True)
         return w

@@ -1,13 +1,20 @@
-"""Micro-timings of the pieces of one staging step (GPU host): where do the microseconds go?"""
+"""Where a compiled step's host microseconds go, part by part (run on the GPU machine):
+python tools/stage_micro.py [backend] [bs]."""
+import ctypes
 import statistics
+import sys
 import time
 
 import torch
 
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.runtime import ForwardBatch, ReplayView, new_graph
 
-def t(fn, n=2000):
-    for _ in range(200):
+
+def t(fn, n=3000):
+    for _ in range(300):
         fn()
+    torch.cuda.synchronize()
     ts = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -17,23 +24,41 @@ def t(fn, n=2000):
     return round(statistics.median(ts) * 1e6, 2)
 
 
-host = torch.zeros(4096, dtype=torch.uint8, pin_memory=True)
-dev = torch.zeros(4096, dtype=torch.uint8, device="cuda")
-hv, dv = host[:1088], dev[:1088]
-ev = torch.cuda.Event()
-ev.record()
-nph = host.numpy()
-src = torch.arange(8, dtype=torch.int32)
-view = host[:32].view(torch.int32)
-npv = view.numpy()
-s = torch.cuda.current_stream()
-print("h2d copy_ 1KB", t(lambda: dv.copy_(hv, non_blocking=True)))
-print("event record", t(lambda: ev.record()))
-print("event record(stream)", t(lambda: ev.record(s)))
-print("event synchronize", t(lambda: ev.synchronize()))
-print("event query", t(lambda: ev.query()))
-print("numpy write 8", t(lambda: npv.__setitem__(slice(0, 8), src.numpy()[:8])))
-print("src.numpy()", t(lambda: src.numpy()))
-print("torch copy 8", t(lambda: view[:8].copy_(src)))
-print("numpy fill", t(lambda: npv.__setitem__(slice(8, None), 1)))
-print("getattr+shape", t(lambda: (s.cuda_stream, src.shape[0])))
+name, bs = (sys.argv[1] if len(sys.argv) > 1 else "flashattention"), int(sys.argv[2] if len(sys.argv) > 2 else 8)
+L, dev = 4096, torch.device("cuda")
+pool = torch.randperm(300 * L).to(torch.int32).view(300, L).to(dev)
+pool[0] = 0
+be = compile_backend(name, CompileOptions(max_bs=256, capture_sizes=(bs,), max_context_len=L)).instantiate(pool)
+seq = torch.randint(4, L // 2, (bs,), dtype=torch.int32)
+rpi = torch.randperm(299)[:bs].long() + 1
+fb = ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi, seq_lens=seq.to(dev),
+                  seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
+be.init_forward_metadata_out_graph(fb, in_capture=True)
+be.init_forward_metadata_in_graph(fb)
+torch.cuda.synchronize()
+g = new_graph(dev)
+with g.capture():
+    be.init_forward_metadata_in_graph(fb)
+view = ReplayView.of(fb, bs)
+b = be.bound(ForwardMode.DECODE, bs)
+st = b.stager
+dv, hv = st.copies[0]
+ev, stream = torch.cuda.Event(), torch.cuda.current_stream()
+ev.record(stream)
+s0 = st.slots[0]
+rows = [
+    ("compiled step: out_graph(view) + replay", lambda: (be.init_forward_metadata_out_graph(view), g.replay())),
+    ("out_graph(view)", lambda: be.init_forward_metadata_out_graph(view)),
+    ("ReplayView.of", lambda: ReplayView.of(fb, bs)),
+    ("stager.fast", lambda: st.fast(view, bs, bs)),
+    ("stager.stage (general)", lambda: st.stage(view, bs, bs)),
+    ("replay", g.replay),
+    ("floor: copy_ + replay", lambda: (dv.copy_(hv, non_blocking=True), g.replay())),
+    ("H2D copy_ alone", lambda: dv.copy_(hv, non_blocking=True)),
+    ("event.record(stream)", lambda: ev.record(stream)),
+    ("event.synchronize", ev.synchronize),
+    ("memmove 32 B", lambda: ctypes.memmove(s0.ptr, seq.data_ptr(), 32)),
+    ("run_out_graph", b.run_out_graph),
+]
+for label, fn in rows:
+    print(f"{label:45s} {t(fn):8.2f} us")

@@ -29,7 +29,8 @@ def test_capture_replay_on_cuda(name, mode):
     extra = {"full_to_swa": swa_table(ROWS * L + 1, dev)} if name == "dsv4" else {}
     be = cb.instantiate(pool, device=dev, pools=extra)
     cls = get_eager(name)
-    twin = cls(pool, MAX_BS, extra["full_to_swa"]) if name == "dsv4" else cls(pool, MAX_BS, draft_tokens=D)
+    twin = (cls(pool, MAX_BS, extra["full_to_swa"], draft_tokens=D, speculative=mode is not DEC) if name == "dsv4"
+            else cls(pool, MAX_BS, draft_tokens=D))  # compiled for verify or draft extend: the speculative rings
     per = D if name == "dsv4" and mode is not DEC else 1  # DSV4 verify/draft extend: a KV slot per token
     for bs in (32, 8):
         cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)

@@ -100,3 +100,21 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode):
         got = obuf[: raw * D].float()
         rel = float((got - want).norm() / want.norm())
         assert rel < 1e-2, (step, raw, bs, rel)
+
+
+def test_a_tbo_child_without_rows_is_not_planned():
+    """TBO at a batch of one: child 0 has no rows. FlashInfer's plan() refuses an empty batch, so
+    the adapter leaves that child's wrapper unplanned; the other child is planned and replays."""
+    dev = torch.device("cuda")
+    pool = make_pool(ROWS, L, seed=2, device=dev)
+    cb = compile_backend("tbo_flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=(1, 4), max_context_len=L))
+    be = cb.instantiate(pool, device=dev)
+    FlashInferDecodeAdapter(be, H, HKV, HD)
+    for bs in (1, 4):
+        fb = batch(ForwardMode.DECODE, [7] * bs, list(range(1, bs + 1)), dev)
+        be.init_forward_metadata_out_graph(fb, in_capture=True)
+        be.init_forward_metadata_in_graph(fb)
+        be.init_forward_metadata_out_graph(ReplayView.of(batch(ForwardMode.DECODE, [300] * bs,
+                                                               list(range(2, bs + 2)), dev), bs))
+        m = be.forward_metadata
+        assert m.tbo1_plan is not None and int(m.tbo1_kv_indptr_host[-1]) == 300 * (bs - bs // 2)
