@@ -31,6 +31,8 @@ class BoundPlan:
     crossing: list[torch.Tensor]
     meta: SimpleNamespace
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
+    # device work a planner adds after the metadata graph, recorded with it (FlashInfer's mask packing)
+    after_in: list = attrs.Factory(list)
 
     @property
     def mode(self):

@@ -120,3 +120,5 @@ class CompiledAttentionBackend(AttentionBackend):
         if b is None or b.bs != fb.batch_size:
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
         b.in_fn(*b.in_args)
+        for fn in b.after_in:
+            fn()

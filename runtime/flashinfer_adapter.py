@@ -22,10 +22,14 @@ indices itself: copying them again would cost a device copy per step).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+import triton
+import triton.language as tl
 
 from attnmeta.compiler.ir.errors import UserError
+from attnmeta.compiler.lowering.launch import launch
 
 from .planners import PlanError
 
@@ -135,21 +139,26 @@ class FlashInferDecodeAdapter:
             qo, kv, idx, last = self._fields(key, ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
                                              "prefill")
             mask = getattr(self.backend.planning.meta, "custom_mask", None)
-            extra = {}
+            extra, pack = {}, None
             if mask is not None:  # one bit per mask entry, plus a byte of rounding per request
-                extra = dict(custom_mask_buf=torch.empty(mask.numel() // 8 + qo.numel(), dtype=torch.uint8,
-                                                         device=qo.device),
-                             mask_indptr_buf=torch.empty_like(qo))
+                bs = qo.numel() - 1  # this size's requests use the mask's first bs / max_bs
+                size = min(mask.numel() // 8 + qo.numel(), mask.numel() // self.backend.max_bs * bs // 8 + bs + 1)
+                extra = dict(custom_mask_buf=torch.zeros(size, dtype=torch.uint8, device=qo.device),
+                             mask_indptr_buf=torch.zeros_like(qo))
+                pack = functools.partial(pack_mask, mask, qo, kv, extra["custom_mask_buf"], extra["mask_indptr_buf"],
+                                         mask.numel() // self.backend.max_bs)
             w = self.fi.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=kv,
                 paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra)
-            w.attnmeta_empty_indices, w.attnmeta_mask = idx[:0], mask
+            w.attnmeta_empty_indices, w.attnmeta_pack = idx[:0], pack
             return w
         return self._cached(key, make)
 
     def plan_prefill(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "plan"):
         """Target verify: the tree mask the drafter wrote into ``custom_mask`` (rows of ``qo_len x kv_len``
-        per request, as FlashInfer lays it out), no causal mask. Draft extend: causal."""
+        per request, as FlashInfer lays it out), no causal mask. Draft extend: causal. The mask is packed
+        to bits in the recorded graph, after the metadata and before attention (``pack_mask``), so
+        plan() is handed the packed buffer itself: its copy into that buffer is a no-op."""
         w = self.prefill_wrapper(key)
         bs = qo_indptr_host.shape[0] - 1
         if bs == 0:
@@ -158,38 +167,57 @@ class FlashInferDecodeAdapter:
         if ones is None:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
         hq, hkv, d = self.heads
-        packed = None
-        if w.attnmeta_mask is not None:
-            packed, indptr = pack_mask(w.attnmeta_mask, qo_indptr_host, kv_indptr_host)
+        if w.attnmeta_pack is not None:
+            hooks = self.backend.planning.after_in
+            if w.attnmeta_pack not in hooks:  # once per binding: every replay packs this step's mask
+                hooks.append(w.attnmeta_pack)
+        masked = w.attnmeta_pack is not None
         with self._workspace_checked():
             w.plan(qo_indptr_host, kv_indptr_host, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
-                   packed_custom_mask=packed, causal=packed is None, q_data_type=self.dtypes[0],
-                   kv_data_type=self.dtypes[1])
-        if packed is not None:  # plan() stores the unpacked offsets; the kernel reads packed ones
-            w._mask_indptr_buf.copy_(indptr, non_blocking=True)
+                   packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
+                   q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         return w
 
 
-def pack_mask(mask: torch.Tensor, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor):
+def pack_mask(mask: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, out: torch.Tensor,
+              out_indptr: torch.Tensor, per_request: int) -> None:
     """The bool tree mask (request i: ``qo_len_i x kv_len_i`` entries, row-major, back to back) packed
-    to bits as FlashInfer's kernel reads it (little bit order, each request from a byte boundary),
-    and the packed byte offsets. On the device from host lengths: FlashInfer's own packing reads its
-    offsets back to the host, a sync per step."""
-    qo, kv = qo_indptr_host.to(torch.int64), kv_indptr_host.to(torch.int64)
-    seg = (qo[1:] - qo[:-1]) * (kv[1:] - kv[:-1])
-    n = seg.shape[0]
-    starts = torch.zeros(2, n + 1, dtype=torch.int64)  # each request's first element, and its first packed byte
-    torch.cumsum(seg, 0, out=starts[0, 1:])
-    torch.cumsum((seg + 7) // 8, 0, out=starts[1, 1:])
-    total = int(starts[1, n])
-    seg_start, byte_start = starts.to(mask.device, non_blocking=True)
-    req = torch.repeat_interleave(torch.arange(n, device=mask.device), (byte_start[1:] - byte_start[:-1]),
-                                  output_size=total)
-    byte = torch.arange(total, device=mask.device) - byte_start[req]
-    src = seg_start[req, None] + byte[:, None] * 8 + torch.arange(8, device=mask.device)
-    bits = mask[src.clamp(max=mask.numel() - 1)] & (src < seg_start[req + 1, None])
-    packed = (bits.to(torch.uint8) << torch.arange(8, device=mask.device, dtype=torch.uint8)).sum(-1)
-    return packed.to(torch.uint8), byte_start.to(torch.int32)
+    to bits into ``out`` as FlashInfer's kernel reads it (little bit order, each request from a byte
+    boundary), and the packed byte offsets into ``out_indptr``. One Triton kernel, a program per
+    request and chunk of ``per_request`` (the most mask entries a request has) from the device
+    indptrs the graph just wrote: static grid, recordable, no host sync (FlashInfer's own packing
+    reads its offsets back to the host)."""
+    n, block = qo_indptr.numel() - 1, 256
+    grid = (max(n, 1), triton.cdiv(triton.cdiv(per_request, 8), block))
+    launch(lambda: _pack_mask[grid](mask, qo_indptr, kv_indptr, out, out_indptr, n,
+                                    BLOCK=block, BLOCK_R=triton.next_power_of_2(n + 1)))
+
+
+@triton.jit
+def _pack_mask(mask, qo, kv, out, out_indptr, n_req, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
+    me, chunk = tl.program_id(0), tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    rm = r < n_req
+    q0 = tl.load(qo + r, mask=rm, other=0).to(tl.int64)
+    q1 = tl.load(qo + r + 1, mask=rm, other=0).to(tl.int64)
+    k0 = tl.load(kv + r, mask=rm, other=0).to(tl.int64)
+    k1 = tl.load(kv + r + 1, mask=rm, other=0).to(tl.int64)
+    seg = (q1 - q0) * (k1 - k0)  # mask entries of request r (0 past the batch)
+    nbytes = (seg + 7) // 8
+    seg_end, byte_end = tl.cumsum(seg, 0), tl.cumsum(nbytes, 0)
+    if me == 0 and chunk == 0:
+        tl.store(out_indptr + r + 1, byte_end.to(tl.int32), mask=rm)
+        tl.store(out_indptr + r, (byte_end - nbytes).to(tl.int32), mask=r == 0)
+    mine = (r == me) & rm  # this program's request: its first entry, entries, first byte, bytes
+    first = tl.sum(tl.where(mine, seg_end - seg, 0), 0)
+    entries = tl.sum(tl.where(mine, seg, 0), 0)
+    at = tl.sum(tl.where(mine, byte_end - nbytes, 0), 0)
+    count = tl.sum(tl.where(mine, nbytes, 0), 0)
+    p = chunk * BLOCK + tl.arange(0, BLOCK)
+    bit = tl.arange(0, 8)
+    src = (p * 8)[:, None] + bit[None, :]
+    bits = tl.load(mask + first + src, mask=(p < count)[:, None] & (src < entries), other=0).to(tl.int32)
+    tl.store(out + at + p, tl.sum(bits << bit[None, :], 1).to(tl.uint8), mask=p < count)
 
 
 def run_decode(wrapper, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor):

@@ -41,12 +41,13 @@ def parts(bs: int) -> None:
     qo = torch.arange(0, (bs + 1) * D, D, dtype=torch.int32)
     kv = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(seq + D, 0, dtype=torch.int32)])
     w = ad.prefill_wrapper("plan")
-    mask, ones, empty = w.attnmeta_mask, torch.ones(bs, dtype=torch.int32), w.attnmeta_empty_indices
-    packed, _ = pack_mask(mask, qo, kv)
-    rows = {"out_graph (stage + pack_mask + plan)": lambda: be.init_forward_metadata_out_graph(ReplayView.of(fb, bs)),
-            "pack_mask": lambda: pack_mask(mask, qo, kv),
+    mask, ones, empty = be.bound(V, bs).meta.custom_mask, torch.ones(bs, dtype=torch.int32), w.attnmeta_empty_indices
+    out, ind = w._custom_mask_buf, w._mask_indptr_buf
+    rows = {"out_graph (stage + plan)": lambda: be.init_forward_metadata_out_graph(ReplayView.of(fb, bs)),
+            "pack_mask (in the graph, issued eagerly)":
+                lambda: pack_mask(mask, qo.cuda(), kv.cuda(), out, ind, D * (L + D)),
             "plan() with the packed mask": lambda: w.plan(qo, kv, empty, ones, 32, 8, 128, 1,
-                                                          packed_custom_mask=packed, causal=False, **BF),
+                                                          packed_custom_mask=out, causal=False, **BF),
             "plan() causal, no mask": lambda: w.plan(qo, kv, empty, ones, 32, 8, 128, 1, causal=True, **BF)}
     for label, fn in rows.items():
         print(f"bs {bs:3d} {label:40s} {t(fn):8.1f} us")
