@@ -47,3 +47,23 @@ def capture(backend, fb):
     with g.capture():
         backend.init_forward_metadata_in_graph(fb)
     return g
+
+
+def dsv4_special_lengths(L: int, D: int) -> list[int]:
+    """Lengths DSV4's fields turn on: 1, multiples of 4/64/128/256 and one either side, the longest."""
+    return sorted({1, 2, L - D, L - D - 1} | {m * k + d for m in (4, 64, 128, 256) for k in (1, 2, 4)
+                                            for d in (-1, 0, 1) if 1 <= m * k + d <= L - D})
+
+
+def dsv4_batch(mode, raw: int, rng, L: int, D: int, rows: int) -> ForwardBatch:
+    """A DSV4 batch: special lengths 60% of the time (verify leaves D of headroom), distinct pool
+    rows, a KV slot per query token (D per request in verify and draft extend)."""
+    hi = L - D if mode is ForwardMode.TARGET_VERIFY else L
+    special = dsv4_special_lengths(L, D)
+    seq = torch.tensor([rng.choice(special + [hi]) if rng.random() < 0.6 else rng.randint(1, hi)
+                        for _ in range(raw)], dtype=torch.int32)
+    rpi = torch.tensor(rng.sample(range(1, rows), raw), dtype=torch.int64)
+    per = 1 if mode is ForwardMode.DECODE else D
+    loc = torch.tensor([rng.randrange(rows * L) for _ in range(raw * per)], dtype=torch.int64)
+    return ForwardBatch(mode, raw, req_pool_indices=rpi, req_pool_indices_cpu=rpi.clone(), seq_lens=seq,
+                        seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()), out_cache_loc=loc)

@@ -1,27 +1,17 @@
 """Where a compiled step's host microseconds go, part by part (run on the GPU machine):
 python tools/stage_micro.py [backend] [bs]."""
 import ctypes
-import statistics
 import sys
-import time
 
 import torch
+from timing import median_us
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView, new_graph
 
 
-def t(fn, n=3000):
-    for _ in range(300):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return round(statistics.median(ts) * 1e6, 2)
+def t(fn):
+    return median_us(fn, 3000, 300)
 
 
 name, bs = (sys.argv[1] if len(sys.argv) > 1 else "flashattention"), int(sys.argv[2] if len(sys.argv) > 2 else 8)

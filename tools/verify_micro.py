@@ -1,25 +1,15 @@
 """FlashInfer target verify on the host, part by part (GPU machine): python tools/verify_micro.py."""
-import statistics
-import time
 
 import torch
+from timing import median_us
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter, pack_mask
 
 
-def t(fn, n=300):
-    for _ in range(30):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return round(statistics.median(ts) * 1e6, 1)
+def t(fn):
+    return median_us(fn, 300, 30)
 
 
 L, D, dev, V = 4096, 4, torch.device("cuda"), ForwardMode.TARGET_VERIFY

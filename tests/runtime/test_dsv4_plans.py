@@ -12,13 +12,11 @@ from attnmeta.backends.eager.dsv4 import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests import dsv4_plan_oracle as sgl
-from tests.batches import capture, make_pool
+from tests.batches import capture, dsv4_batch, make_pool
 from tests.oracles import padded
 
 L, ROWS, MAX_BS, D, SWA_PAGE, SM = 1100, 10, 8, 3, 256, 7  # few SMs: several share a row
 DEC, VER, EXT = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND
-SPECIAL = sorted({1, 2, L - D, L - D - 1} | {m * k + d for m in (4, 64, 128, 256) for k in (1, 2, 4)
-                                           for d in (-1, 0, 1) if 1 <= m * k + d <= L - D})
 
 
 def test_the_oracle_on_hand_computed_plans():
@@ -45,14 +43,7 @@ def test_the_schedule_oracle_on_a_hand_computed_case():
 
 
 def batch(mode, raw: int, rng: random.Random) -> ForwardBatch:
-    hi = L - D if mode is VER else L
-    seq = torch.tensor([rng.choice(SPECIAL + [hi]) if rng.random() < 0.6 else rng.randint(1, hi)
-                        for _ in range(raw)], dtype=torch.int32)
-    rpi = torch.tensor(rng.sample(range(1, ROWS), raw), dtype=torch.int64)
-    per = 1 if mode is DEC else D
-    loc = torch.tensor([rng.randrange(ROWS * L) for _ in range(raw * per)], dtype=torch.int64)
-    return ForwardBatch(mode, raw, req_pool_indices=rpi, req_pool_indices_cpu=rpi.clone(), seq_lens=seq,
-                        seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()), out_cache_loc=loc)
+    return dsv4_batch(mode, raw, rng, L, D, ROWS)
 
 
 def expected(fb: ForwardBatch, pool, f2s, drafts: int) -> dict:

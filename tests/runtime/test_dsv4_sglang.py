@@ -19,7 +19,7 @@ from attnmeta.backends.eager.dsv4 import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests import sglang_oracle
-from tests.batches import capture, make_pool
+from tests.batches import capture, dsv4_batch, make_pool
 from tests.oracles import padded
 
 if sglang_oracle.wheel() is None and not sglang_oracle.REQUIRED:
@@ -27,8 +27,6 @@ if sglang_oracle.wheel() is None and not sglang_oracle.REQUIRED:
 
 L, ROWS, MAX_BS, D, PAGE, SWA = 1100, 10, 8, 3, 256, 128
 DEC, VER, EXT = ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND
-SPECIAL = sorted({1, 2, L - D, L - D - 1} | {m * k + d for m in (4, 64, 128, 256) for k in (1, 2, 4)
-                                           for d in (-1, 0, 1) if 1 <= m * k + d <= L - D})
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +93,7 @@ def differing(meta, want: dict) -> list[str]:
 
 
 def batch(mode, raw: int, rng: random.Random) -> ForwardBatch:
-    hi = L - D if mode is VER else L
-    seq = torch.tensor([rng.choice(SPECIAL + [hi]) if rng.random() < 0.6 else rng.randint(1, hi)
-                        for _ in range(raw)], dtype=torch.int32)
-    rpi = torch.tensor(rng.sample(range(1, ROWS), raw), dtype=torch.int64)
-    per = 1 if mode is DEC else D
-    loc = torch.tensor([rng.randrange(ROWS * L) for _ in range(raw * per)], dtype=torch.int64)
-    return ForwardBatch(mode, raw, req_pool_indices=rpi, req_pool_indices_cpu=rpi.clone(), seq_lens=seq,
-                        seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()), out_cache_loc=loc)
+    return dsv4_batch(mode, raw, rng, L, D, ROWS)
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
