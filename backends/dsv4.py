@@ -95,7 +95,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
             own, t = sub_rows(b, D)
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
             full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs", topk)
-            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, speculative)
+            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, speculative, options.max_bs)
             full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
                                                            options.max_bs * D)
     else:

@@ -25,7 +25,6 @@ from attnmeta.compiler.ir import DType, SpecBuilder, V
 
 I32 = DType.int32
 SWA_PAGE = 256  # SGLang's SWA page size: a page holds whole c4 windows
-KEY = 1 << 20  # above any token index: key = index + KEY for a token that is not kept
 
 
 def ring_size(ratio: int, speculative: bool) -> int:
@@ -84,11 +83,14 @@ def decode_plans(b: SpecBuilder, seq: V, p1: V, rpi: V, req_to_token: V, full_to
     return out
 
 
-def _compact(b: SpecBuilder, n: str, keep: list[V], rows: list[V], invalid: list[tuple[int, ...]]) -> list[V]:
+def _compact(b: SpecBuilder, n: str, keep: list[V], rows: list[V], invalid: list[tuple[int, ...]],
+             max_rows: int) -> list[V]:
     """Each ``rows[i]`` [n, w] keeping the rows where ``keep[i]``, in token order, then ``invalid``
-    rows. One sort orders every plan: row i of the sorted keys holds plan i's kept tokens first."""
+    rows. One sort orders every plan: row i of the sorted keys holds plan i's kept tokens first.
+    A token's key is its index, plus top (a power of two above any index) when it is not kept."""
+    top = 1 << max_rows.bit_length()
     k, m = b.arange(n), len(keep)
-    keys = [b.outer("add", b.full(0, [m], I32), b.where(c, k, b.ewise("add", k, KEY))) for c in keep]
+    keys = [b.outer("add", b.full(0, [m], I32), b.where(c, k, b.ewise("add", k, top))) for c in keep]
     which = b.outer("add", b.arange(m), b.full(0, [n], I32))
     stacked = keys[-1]
     for i in range(m - 2, -1, -1):
@@ -99,16 +101,16 @@ def _compact(b: SpecBuilder, n: str, keep: list[V], rows: list[V], invalid: list
         order = b.slice(flat, f"{i}*{n}", f"{i + 1}*{n}")
         w = mat.type.shape[1]
         kk = _col(b, n, w)
-        kept = b.outer("lt", order, b.full(KEY, [w], I32))
+        kept = b.outer("lt", order, b.full(top, [w], I32))
         fill = b.full(inv[-1], [n, w], I32)
         for c in range(len(inv) - 2, -1, -1):
             fill = b.where(b.compare("eq", kk, c), b.full(inv[c], [n, w], I32), fill)
-        out.append(b.where(kept, b.gather_rows(mat, b.ewise("mod", order, KEY), kk), fill))
+        out.append(b.where(kept, b.gather_rows(mat, b.ewise("mod", order, top), kk), fill))
     return out
 
 
 def verify_plans(b: SpecBuilder, D: int, own: V, j: V, seq: V, rpi: V, req_to_token: V, full_to_swa: V,
-                 speculative: bool) -> dict:
+                 speculative: bool, max_bs: int) -> dict:
     """``c{r}_plan_c`` / ``c{r}_plan_w`` for D query tokens per request at positions seq .. seq + D - 1
     (token z = request own[z], index j[z]), the planner's uniform-extend path."""
     n = f"{D}*bs"
@@ -140,4 +142,4 @@ def verify_plans(b: SpecBuilder, D: int, own: V, j: V, seq: V, rpi: V, req_to_to
         rows.append(b.where(b.compare("eq", kw, 0), _bc(b, k, 2), ring.loc(P2)))
         names += [f"c{r}_plan_c", f"c{r}_plan_w"]
     invalid = [(-1, 0, -1, -1), (-1, -1)] * 2
-    return dict(zip(names, _compact(b, n, keep, rows, invalid), strict=True))
+    return dict(zip(names, _compact(b, n, keep, rows, invalid, max_bs * D), strict=True))
