@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -103,7 +104,7 @@ class FlashInferDecodeAdapter:
             w = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
                 paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
-            w.attnmeta_empty_indices = bufs[1][:0]
+            w.attnmeta_empty_indices, w.attnmeta_lean = bufs[1][:0], None
             return w
         return self._cached(key, make)
 
@@ -111,10 +112,15 @@ class FlashInferDecodeAdapter:
         w = self.wrapper(key)
         if indptr_host.shape[0] <= 1:  # no rows (a TBO child of a batch of one): nothing to plan or attend
             return w
+        lean = w.attnmeta_lean
+        if lean is not None:
+            lean(indptr_host)
+            return w
         hq, hkv, d = self.heads
         with self._workspace_checked():
             w.plan(indptr_host, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
                    q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
+        w.attnmeta_lean = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
         return w
 
     @contextlib.contextmanager
@@ -177,6 +183,46 @@ class FlashInferDecodeAdapter:
                    packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
                    q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         return w
+
+
+LEAN_VERSIONS = ((0, 6),)  # FlashInfer versions whose decode plan() internals lean_planner repeats
+
+
+def lean_planner(fi, w, heads: tuple[int, int, int], bs: int):
+    """The rest of a graph-mode decode wrapper's ``plan()`` calls, for pages of one token, once the
+    first full ``plan()`` has set the wrapper up: only its C++ planner, on the host indptr. What
+    ``plan()`` does around it per step is skipped: two host-to-device copies into buffers the
+    recorded graph writes itself, host dtype and module lookups that never change, and a Python
+    ``max`` over the lengths that iterates the tensor element by element (the reason the tensor-core
+    ``plan()`` grew with the batch). Only for the FlashInfer versions whose internals this repeats
+    (``LEAN_VERSIONS``) and the wrapper kinds it knows; otherwise None: ``plan()`` every step."""
+    version = tuple(int(p) for p in fi.__version__.split("+")[0].split(".")[:2] if p.isdigit())
+    if version not in LEAN_VERSIONS or getattr(w, "_jit_module", None) is not None:
+        return None
+    hq, hkv, d = heads
+    module, fws, iws, pws = w._cached_module, w._float_workspace_buffer, w._int_workspace_buffer, \
+        w._pin_memory_int_workspace_buffer
+    if w.use_tensor_cores:
+        if w._backend != "fa2":
+            return None
+        qo = torch.arange(bs + 1, dtype=torch.int32)
+        lens = torch.empty(bs, dtype=torch.int32)
+        lens_np = lens.numpy()
+
+        def plan_tc(indptr_host: torch.Tensor) -> None:
+            ind = indptr_host.numpy()
+            np.subtract(ind[1:], ind[:-1], out=lens_np)  # pages of one token: a row's length is its page count
+            w._max_kv_len = int(lens_np.max())
+            w._plan_info = module.plan(fws, iws, pws, qo, indptr_host, lens, bs, bs, hq, hkv, 1, True, d, d,
+                                       False, -1, -1, False, 0)
+        return plan_tc
+    q_empty, kv_empty = torch.empty(0, dtype=w._cached_q_data_type), torch.empty(0, dtype=w._cached_kv_data_type)
+    soft_cap = w._logits_soft_cap or 0.0
+
+    def plan_cuda_cores(indptr_host: torch.Tensor) -> None:
+        w._plan_info = module.plan(fws, iws, pws, indptr_host, bs, hq, hkv, 1, True, -1, soft_cap, d, d,
+                                   q_empty, kv_empty)
+    return plan_cuda_cores
 
 
 def pack_mask(mask: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, out: torch.Tensor,
