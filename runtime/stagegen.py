@@ -10,7 +10,7 @@ branches it does not need. Anything else (a missing field, a list, another dtype
 another device, a value out of range, IDLE) hands the whole step to the general path,
 which stages it again from the start and raises the same ``BatchError`` it always did.
 
-``source(stager)`` returns the generated code, for reading (``attnmeta inspect`` prints it).
+``source(stager)`` returns the generated code, for reading (``backend.bound(mode, bs).stager``).
 """
 
 from __future__ import annotations
