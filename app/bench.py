@@ -31,6 +31,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
+from attnmeta.backends.dsv4_compress import speculative
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
@@ -271,7 +272,7 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     if backend == "dsv4":  # the full->SWA slot table; the twin builds the compressor plans for the same rings
         pools = {"full_to_swa": torch.randperm(rows * L).to(torch.int32).to(dev)}
         twin = functools.partial(twin, full_to_swa=pools["full_to_swa"], draft_tokens=D,
-                                 speculative=not fm.is_decode())
+                                 speculative=speculative((fm,)))
     eager = _eager_step(twin(pool, max_bs), planner, dev, max_bs, fm)
     if backend.startswith("tbo_"):
         eager = _tbo_step(eager)

@@ -31,7 +31,7 @@ from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
 from .common import decode_inputs, sub_rows, verify_headroom
-from .dsv4_compress import decode_plans, verify_plans
+from .dsv4_compress import decode_plans, speculative, verify_plans
 from .dsv4_indexer import indexer_schedule
 
 I32, I64 = DType.int32, DType.int64
@@ -79,7 +79,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     seq, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
     topk = options.index_topk
-    speculative = any(m.is_target_verify() or m.is_draft_extend() for m in options.modes)
+    spec = speculative(options.modes)
     if mode.is_draft_extend():  # V2: T tokens per request, token t at causal length seq - T + 1 + t
         T = options.num_draft_tokens
         out_loc = b.input("out_cache_loc", I64, [f"{T}*bs"], fill=0, kind=Kind.slot)
@@ -95,14 +95,14 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
             own, t = sub_rows(b, D)
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
             full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs", topk)
-            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, speculative, options.max_bs)
+            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, spec, options.max_bs)
             full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
                                                            options.max_bs * D)
     else:
         out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs", topk)
-            full |= decode_plans(b, seq, full["positions"], rpi, req_to_token, full_to_swa, speculative)
+            full |= decode_plans(b, seq, full["positions"], rpi, req_to_token, full_to_swa, spec)
             full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
                                                            options.max_bs)
     b.outputs(**full)

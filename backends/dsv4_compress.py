@@ -33,6 +33,11 @@ def ring_size(ratio: int, speculative: bool) -> int:
     return {4: 16, 128: 256}[ratio] if speculative else {4: 8, 128: 128}[ratio]
 
 
+def speculative(modes) -> bool:
+    """Whether a backend compiled for ``modes`` serves speculative decoding (its rings are wider)."""
+    return any(m.is_target_verify() or m.is_draft_extend() for m in modes)
+
+
 def window(ratio: int) -> int:
     """Tokens one compression reads: c4 windows overlap by one block."""
     return 2 * ratio if ratio == 4 else ratio

@@ -71,8 +71,7 @@ def source(stager) -> str:
 
 
 def generate(stager):
-    """The generated staging function of ``stager``'s plan. A field handed as a device tensor (a
-    slot with a device twin) takes the general path's device-to-device copy."""
+    """The generated staging function of ``stager``'s plan, its constants bound."""
     ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero,
           "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_,
           "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}

@@ -70,12 +70,8 @@ class _Staged:
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
             ctypes.memmove(self.ptr, src.data_ptr(), live * self.itemsize)
-            if self.full_range:
-                return
-            if live <= 16:  # the common check inline (_check_staged): a microsecond matters per step
-                if max(self.umv[:live]) <= self.hi and (self.lo != 1 or capture or 0 not in self.mv[:live]):
-                    return
-            self._check_staged(live, capture, name)
+            if not self.full_range:
+                self._check_staged(live, capture, name)
             return
         if src.dtype not in _INTS:
             why = "a float is truncated, and NaN has no value" if src.is_floating_point() else "convert it"

@@ -12,6 +12,7 @@ import attrs
 import torch
 
 from attnmeta.backends import get_spec
+from attnmeta.backends.dsv4_compress import speculative
 from attnmeta.backends.eager import get_eager
 from attnmeta.backends.eager.compare import compare_metadata
 from attnmeta.backends.eager.dsv4 import swa_table
@@ -80,7 +81,7 @@ def _twin(name: str, pool, opts: CompileOptions, pools):
     if inner == "dsv4":
         return cls(pool, opts.max_bs, pools["full_to_swa"], draft_tokens=D, index_topk=opts.index_topk,
                    sm_count=opts.sm_count,
-                   speculative=any(m.is_target_verify() or m.is_draft_extend() for m in opts.modes))
+                   speculative=speculative(opts.modes))
     return cls(pool, opts.max_bs, draft_tokens=D)
 
 

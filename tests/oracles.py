@@ -12,3 +12,26 @@ __all__ = ["assert_metadata_equal", "padded"]
 def assert_metadata_equal(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) -> None:
     bad = compare_metadata(meta, ref, seq_lens_cpu, page_size)
     assert bad == [], f"fields differing from the eager twin: {bad}"
+
+
+def masked_attention_from_pool(q, k, v, pool, rows, lens, per_request: int, extra_keys: int, masks=None):
+    """fp32 attention of ``per_request`` queries per request (``q`` [requests * per_request, H, d])
+    over the keys ``pool[row, :len + extra_keys]`` (K/V heads repeated for grouped queries): under
+    ``masks[i]`` (``per_request x keys``, the verify tree mask) when given, else causal aligned at
+    the end, the last query seeing every key."""
+    outs, T = [], per_request
+    group = q.shape[1] // k.shape[1]
+    for i, (r, n) in enumerate(zip(rows, lens, strict=True)):
+        kv_len = int(n) + extra_keys
+        idx = pool[r, :kv_len].long()
+        kk = k[idx].float().repeat_interleave(group, 1)
+        vv = v[idx].float().repeat_interleave(group, 1)
+        s = torch.einsum("thd,nhd->thn", q[i * T : (i + 1) * T].float(), kk) * q.shape[-1] ** -0.5
+        if masks is not None:
+            allowed = masks[i].view(T, kv_len)
+        else:
+            t = torch.arange(T, device=q.device)
+            allowed = torch.arange(kv_len, device=q.device)[None, :] <= (kv_len - T + t)[:, None]
+        p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
+        outs.append(torch.einsum("thn,nhd->thd", p, vv))
+    return torch.cat(outs)

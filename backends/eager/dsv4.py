@@ -7,12 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
+from attnmeta.backends.dsv4_compress import ring_size  # the rings' sizes: a configuration table, not a formula
+
 PAGE, SWA, ALIGN = 256, 128, 64
 
-
-def ring_size(ratio: int, speculative: bool) -> int:
-    """A compressor's state ring: 8 (c4) / 128 (c128) rows, twice that under speculative decoding."""
-    return (16 if ratio == 4 else 256) if speculative else (8 if ratio == 4 else 128)
 SWA_FIELDS = ("positions", "seq_lens_casual", "raw_out_loc", "swa_topk_lengths", "swa_page_indices",
               "swa_out_cache_loc", "page_table")
 

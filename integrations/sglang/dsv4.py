@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from attnmeta.backends.dsv4 import PAGE
 from attnmeta.backends.dsv4_indexer import PAGE as INDEX_PAGE
 from attnmeta.compiler.ir.errors import UserError
-
-PAGE = 256
 
 
 def compress_metadata(meta, ratio: int):

@@ -13,6 +13,7 @@ from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 from tests.batches import make_pool
+from tests.oracles import masked_attention_from_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -25,26 +26,6 @@ def batch(mode, lens, rows, dev):
                         seq_lens=seq.to(dev), seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()),
                         extend_seq_lens=torch.ones(len(lens), dtype=torch.int32, device=dev),
                         extend_seq_lens_cpu=torch.ones(len(lens), dtype=torch.int32))
-
-
-def oracle(q, k, v, pool, rows, lens, mode, masks):
-    """Request i's D queries over the slots req_to_token[row, :kv_len]: verify (kv_len = seq + D) under
-    its tree mask rows; draft extend (kv_len = seq) causal, query t seeing keys up to seq - D + t."""
-    outs = []
-    for i, (r, n) in enumerate(zip(rows, lens, strict=True)):
-        kv_len = n + D if mode is ForwardMode.TARGET_VERIFY else n
-        idx = pool[r, :kv_len].long()
-        kk = k[idx].float().repeat_interleave(H // HKV, 1)
-        vv = v[idx].float().repeat_interleave(H // HKV, 1)
-        s = torch.einsum("thd,nhd->thn", q[i * D : (i + 1) * D].float(), kk) * HD ** -0.5
-        if mode is ForwardMode.TARGET_VERIFY:
-            allowed = masks[i].view(D, kv_len)
-        else:
-            t = torch.arange(D, device=q.device)
-            allowed = torch.arange(kv_len, device=q.device)[None, :] <= (kv_len - D + t)[:, None]
-        p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
-        outs.append(torch.einsum("thn,nhd->thd", p, vv))
-    return torch.cat(outs)
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND], ids=["verify", "draft"])
@@ -96,7 +77,8 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode):
         qbuf[raw * D : bs * D] = 0
         graphs[bs].replay()
         torch.cuda.synchronize()
-        want = oracle(q, k, v, pool, rows, lens, mode, masks)
+        verify = mode is ForwardMode.TARGET_VERIFY  # verify: D queries over seq + D keys, under the tree mask
+        want = masked_attention_from_pool(q, k, v, pool, rows, lens, D, D if verify else 0, masks if verify else None)
         got = obuf[: raw * D].float()
         rel = float((got - want).norm() / want.norm())
         assert rel < 1e-2, (step, raw, bs, rel)

@@ -22,6 +22,7 @@ import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
 from tests.batches import make_pool
+from tests.oracles import masked_attention_from_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -80,24 +81,6 @@ class KVPool:
 
     def get_value_buffer(self, layer_id):
         return self.v
-
-
-def oracle(q, kv, pool, rows, lens, mode, masks):
-    outs, T = [], 1 if mode is Mode.DECODE else D
-    for i, (r, n) in enumerate(zip(rows, lens, strict=True)):
-        kv_len = n + D if mode is Mode.TARGET_VERIFY else n
-        idx = pool[r, :kv_len].long()
-        k = kv.k[idx].float().repeat_interleave(H // HKV, 1)
-        v = kv.v[idx].float().repeat_interleave(H // HKV, 1)
-        s = torch.einsum("thd,nhd->thn", q[i * T : (i + 1) * T].float(), k) * HD ** -0.5
-        if mode is Mode.TARGET_VERIFY:
-            allowed = masks[i].view(D, kv_len)
-        else:
-            t = torch.arange(T, device=q.device)
-            allowed = torch.arange(kv_len, device=q.device)[None, :] <= (kv_len - T + t)[:, None]
-        p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
-        outs.append(torch.einsum("thn,nhd->thd", p, v))
-    return torch.cat(outs)
 
 
 def sglang_batch(mode, bs, lens, rows, kv, dev, masks=None):
@@ -167,6 +150,8 @@ def test_sglang_flashinfer_backend_under_the_graph_runner():
         graphs[graph_mode, bs].replay()
         torch.cuda.synchronize()
         if raw:
-            want = oracle(q.view(-1, H, HD), kv, pool, rows, lens, mode, masks)
+            verify, T = mode is Mode.TARGET_VERIFY, 1 if mode is Mode.DECODE else D
+            want = masked_attention_from_pool(q.view(-1, H, HD), kv.k, kv.v, pool, rows, lens, T, D if verify else 0,
+                                              masks if verify else None)
             rel = float((out[: raw * T].float().view(-1, H, HD) - want).norm() / want.norm())
             assert rel < 1e-2, (step, mode.name, raw, bs, rel)

@@ -69,6 +69,14 @@ def capture_graph(be, cap):
     return g
 
 
+def extend_batch(mode: str, rng: random.Random, pool, mask: bool = False):
+    """(lengths, accepted tokens, batch): three requests of lengths at the draft count and the page
+    and block edges; draft extend accepts 1..D tokens each, verify extends by the D drafts."""
+    lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
+    ext = None if mode == "target_verify" else [rng.randint(1, D) for _ in lens]
+    return lens, ext, sglang_batch(mode, lens, rng, ext=ext, mask=mask, pool=pool)
+
+
 def attention_rig(kind: str, seed: int, P: int = 1):
     """A backend of ``kind`` compiled for every mode, over a fresh pool, its KV pool and one layer."""
     c = compile_backend(kind, CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=MODES,
@@ -238,9 +246,7 @@ def test_flashinfer_extend_attention_reads_the_metadata(mode):
     verify = mode == "target_verify"
     g = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=[1] * 4 if not verify else None, pool=pool))
     for replayed in (False, True, True):
-        lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
-        fb = sglang_batch(mode, lens, rng, ext=[rng.randint(1, D) for _ in lens] if not verify else None,
-                          mask=True, pool=pool)
+        lens, _, fb = extend_batch(mode, rng, pool, mask=True)
         masks = []
         if verify:
             m = fb.spec_info.custom_mask
@@ -271,9 +277,7 @@ def test_triton_extend_attention_is_sglangs_kernel_over_the_metadata(mode):
     verify = mode == "target_verify"
     graph = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=None if verify else [1] * 4, pool=pool))
     for replayed in (False, True):
-        lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
-        ext = None if verify else [rng.randint(1, D) for _ in lens]
-        fb = sglang_batch(mode, lens, rng, ext=ext, mask=True, pool=pool)
+        lens, ext, fb = extend_batch(mode, rng, pool, mask=True)
         masks = []
         if verify:  # a tree mask: every draft sees the whole prefix
             masks = list(torch.split(fb.spec_info.custom_mask, [D * (n + D) for n in lens]))
@@ -306,9 +310,7 @@ def test_flashattention_extend_attention_reads_the_page_table(mode, P):
     verify = mode == "target_verify"
     graph = capture_graph(be, sglang_batch(mode, [D + 1] * 4, rng, ext=None if verify else [1] * 4, pool=pool))
     for replayed in (False, True):
-        lens = [rng.choice([D, D + 1, 16, 17, 255, 256, L - D]) for _ in range(3)]
-        ext = None if verify else [rng.randint(1, D) for _ in lens]
-        fb = sglang_batch(mode, lens, rng, ext=ext, pool=pool)
+        lens, ext, fb = extend_batch(mode, rng, pool)
         q = torch.randn(4 * D, HEADS * HEAD_DIM, generator=g)  # the runner's static rows; past the queries: padding
         if replayed:
             be.init_forward_metadata_out_graph(replay_view(fb, 4, 1))
