@@ -94,22 +94,27 @@ PLANNED = {"flashinfer"}  # the benched backends with a host planner in out_grap
 
 
 def planner_for(backend: str, dev, choice: str = "auto") -> str:
-    """Which planner the flashinfer columns run: 'flashinfer' (its real plan()), 'stand-in', or 'none'."""
+    """Which planner the flashinfer columns run: 'flashinfer' (FlashInfer's real wrappers; the compiled
+    step plans on the GPU in the graph), 'flashinfer-host' (the compiled step calls FlashInfer's host
+    planner every step), 'stand-in', or 'none'."""
     if backend.removeprefix("tbo_").removeprefix("multistep_") not in PLANNED:
         return "none"
     real = dev.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
     if choice == "auto":
         return "flashinfer" if real else "stand-in"
-    if choice == "flashinfer" and not real:
+    if choice.startswith("flashinfer") and not real:
         raise OptionsError("--planner flashinfer needs a CUDA device and FlashInfer (pip install .[flashinfer])")
     return choice
 
 
 def planner_label(planner: str) -> str:
-    if planner == "flashinfer":
+    if planner.startswith("flashinfer"):
         import flashinfer
 
-        return f"planner: FlashInfer {flashinfer.__version__} plan() (graph-mode decode wrapper; eager: plain wrapper)"
+        compiled = ("FlashInfer's host planner every step (decode: its C++ planner alone; prefill: plan())"
+                    if planner == "flashinfer-host" else "the split-KV partition planned on the GPU in the graph")
+        return (f"planner: FlashInfer {flashinfer.__version__}; compiled: {compiled}; eager: plan() every step "
+                "(graph-mode wrapper)")
     if planner == "stand-in":
         return ("planner: STAND-IN (runtime/planners.py, CPU bookkeeping; not FlashInfer's plan() cost, "
                 "which needs FlashInfer on a GPU)")
@@ -199,10 +204,11 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
 
 def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE, pools=None):
     be = compiled.instantiate(pool, device=dev, pools=pools)
-    if planner == "flashinfer":
+    if planner.startswith("flashinfer"):
         from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 
-        FlashInferDecodeAdapter(be, *HEADS, workspace_bytes=_workspace(mode))
+        FlashInferDecodeAdapter(be, *HEADS, workspace_bytes=_workspace(mode),
+                                planner="host" if planner == "flashinfer-host" else "device")
     cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99, mode=mode, slots=_slots(pools))[0]
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator

@@ -300,9 +300,10 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--iters", type=int, default=300, help="timed steps per size and column")
     be.add_argument("--max-context-len", type=int, default=4096, help="L")
     be.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
-    be.add_argument("--planner", choices=["auto", "flashinfer", "stand-in"], default="auto",
-                    help="flashinfer's host planner: its real plan() (GPU with FlashInfer), or the CPU stand-in; "
-                         "auto takes the real one where it can")
+    be.add_argument("--planner", choices=["auto", "flashinfer", "flashinfer-host", "stand-in"], default="auto",
+                    help="flashinfer's planner: FlashInfer's (GPU with FlashInfer; the compiled step plans on the "
+                         "GPU), flashinfer-host (the compiled step calls FlashInfer's host planner), or the CPU "
+                         "stand-in; auto takes FlashInfer where it can")
     be.add_argument("--mode", default="decode", choices=["decode", "target_verify", "draft_extend"],
                     help="the forward mode of the measured steps (draft tokens: 4)")
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")

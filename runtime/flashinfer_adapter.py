@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 import numpy as np
 import torch
@@ -32,7 +33,10 @@ import triton.language as tl
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.lowering.launch import launch
 
+from .flashinfer_plan import PlanLayout, checked_planner
 from .planners import PlanError
+
+log = logging.getLogger("attnmeta.runtime")
 
 PLANNER = "flashinfer.decode_plan"
 PREFILL_PLANNER = "flashinfer.prefill_plan"
@@ -55,23 +59,35 @@ def _flashinfer():
         raise FlashInferVersionError(f"FlashInfer is not installed ({e}); pip install 'attnmeta[flashinfer]', or "
                                      "serve a backend without a host planner (triton, flashattention)") from None
     raw = getattr(flashinfer, "__version__", "0")
-    parts = tuple(int(p) for p in raw.split("+")[0].split(".")[:2] if p.isdigit())
-    if parts < MIN_VERSION:
+    if _version(flashinfer) < MIN_VERSION:
         raise FlashInferVersionError(f"FlashInfer {raw} is older than {'.'.join(map(str, MIN_VERSION))}, whose "
                                      "graph-mode decode wrapper this adapter binds (paged_kv_*_buffer keywords); "
                                      "pip install -U 'flashinfer-python>=0.6'")
     return flashinfer
 
 
+def _version(fi) -> tuple[int, ...]:
+    return tuple(int(p) for p in getattr(fi, "__version__", "0").split("+")[0].split(".")[:2] if p.isdigit())
+
+
 class FlashInferDecodeAdapter:
     """Graph-mode FlashInfer wrappers for every planner node of a compiled backend: decode
     (``flashinfer.decode_plan``) and, for target verify and draft extend, the paged prefill wrapper
     (``flashinfer.prefill_plan``). ``use_tensor_cores`` (decode) defaults to SGLang's rule: on for
-    grouped-query attention with 4 or more query heads per KV head."""
+    grouped-query attention with 4 or more query heads per KV head.
+
+    ``planner``: ``"device"`` (the default) plans each step's split-KV partition on the GPU, in the
+    recorded graph, after one ``plan()`` per wrapper (``flashinfer_plan``), checked against FlashInfer's
+    own planner before it is trusted; ``"host"`` keeps FlashInfer's host planner every step (the lean
+    C++ call for decode, ``plan()`` for prefill)."""
 
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
-                 kv_dtype=torch.bfloat16, workspace_bytes: int = WORKSPACE_BYTES, use_tensor_cores: bool | None = None):
+                 kv_dtype=torch.bfloat16, workspace_bytes: int = WORKSPACE_BYTES, use_tensor_cores: bool | None = None,
+                 planner: str = "device"):
+        if planner not in ("device", "host"):
+            raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
         self.fi, self.backend = _flashinfer(), backend  # the optional extra: fail here, not inside a step
+        self.device_plans = planner == "device"
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
         self.tensor_cores = num_qo_heads // num_kv_heads >= 4 if use_tensor_cores is None else use_tensor_cores
@@ -104,7 +120,7 @@ class FlashInferDecodeAdapter:
             w = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
                 paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
-            w.attnmeta_empty_indices, w.attnmeta_lean = bufs[1][:0], None
+            w.attnmeta_empty_indices, w.attnmeta_lean, w.attnmeta_device = bufs[1][:0], None, None
             return w
         return self._cached(key, make)
 
@@ -112,16 +128,57 @@ class FlashInferDecodeAdapter:
         w = self.wrapper(key)
         if indptr_host.shape[0] <= 1:  # no rows (a TBO child of a batch of one): nothing to plan or attend
             return w
+        if w.attnmeta_device is not None:  # planned on the GPU, after the metadata graph
+            self._hook(w.attnmeta_device)
+            return w
         lean = w.attnmeta_lean
         if lean is not None:
             lean(indptr_host)
             return w
         hq, hkv, d = self.heads
-        with self._workspace_checked():
-            w.plan(indptr_host, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
-                   q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
-        w.attnmeta_lean = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
+
+        def replan(indptr: torch.Tensor) -> None:
+            with self._workspace_checked():
+                w.plan(indptr, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
+                       q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
+        replan(indptr_host)
+        w.attnmeta_device = self._device_planner(w, self.tensor_cores, replan, indptr_host)
+        if w.attnmeta_device is None:
+            w.attnmeta_lean = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
         return w
+
+    def _hook(self, fn) -> None:
+        hooks = self.backend.planning.after_in
+        if fn not in hooks:  # once per binding (a rebinding starts a new list): every step runs it
+            hooks.append(fn)
+
+    def _device_planner(self, w, prefill: bool, replan, first: torch.Tensor):
+        """The wrapper's partition planned on the GPU from now on, if this FlashInfer's planner is one
+        ``flashinfer_plan`` repeats and it agrees with FlashInfer on this batch and on synthetic ones
+        (all short, a ramp to the context length, one long among short); else None: a host planner."""
+        if not self.device_plans or _version(self.fi) not in DEVICE_PLAN_VERSIONS \
+                or getattr(w, "_jit_module", None) is not None or (prefill and w._backend != "fa2"):
+            return None
+        hq, hkv, _ = self.heads
+        bs = first.shape[0] - 1
+        if prefill:
+            sms = torch.cuda.get_device_properties(w._int_workspace_buffer.device).multi_processor_count
+            layout = PlanLayout.prefill_plan(w._plan_info, bs, (hq, hkv), 1, sms)
+        else:
+            layout = PlanLayout.decode(w._plan_info, bs, 1)
+        L = self.backend.compiled.options.max_context_len
+        lens = (torch.ones(bs, dtype=torch.int32), torch.linspace(1, L, bs).round().int(),
+                torch.tensor([L] + [1] * (bs - 1), dtype=torch.int32))
+        samples = [torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0, dtype=torch.int32)]) for x in lens]
+        planner = checked_planner(layout, w._paged_kv_indptr_buf, w._qo_indptr_buf if prefill else None,
+                                  w._int_workspace_buffer, replan, [*samples, first.clone()], lambda: w._plan_info)
+        if planner is None:
+            log.warning("FlashInfer %s: the device planner does not match FlashInfer's for this %s wrapper "
+                        "(bs %d); it keeps FlashInfer's host planner", self.fi.__version__,
+                        "prefill" if prefill else "decode", bs)
+            return None
+        self._hook(planner)
+        return planner
 
     @contextlib.contextmanager
     def _workspace_checked(self):
@@ -156,7 +213,7 @@ class FlashInferDecodeAdapter:
             w = self.fi.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=kv,
                 paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra)
-            w.attnmeta_empty_indices, w.attnmeta_pack = idx[:0], pack
+            w.attnmeta_empty_indices, w.attnmeta_pack, w.attnmeta_device = idx[:0], pack, None
             return w
         return self._cached(key, make)
 
@@ -172,20 +229,29 @@ class FlashInferDecodeAdapter:
         ones = self._ones.get(bs)
         if ones is None:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
+        if w.attnmeta_device is not None:
+            self._hook(w.attnmeta_device)
+            return w
         hq, hkv, d = self.heads
         if w.attnmeta_pack is not None:
-            hooks = self.backend.planning.after_in
-            if w.attnmeta_pack not in hooks:  # once per binding: every replay packs this step's mask
-                hooks.append(w.attnmeta_pack)
+            self._hook(w.attnmeta_pack)  # every replay packs this step's mask
         masked = w.attnmeta_pack is not None
-        with self._workspace_checked():
-            w.plan(qo_indptr_host, kv_indptr_host, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
-                   packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
-                   q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
+        qo_host = qo_indptr_host.clone()
+
+        def replan(kv_indptr: torch.Tensor) -> None:
+            with self._workspace_checked():
+                w.plan(qo_host, kv_indptr, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
+                       packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
+                       q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
+        replan(kv_indptr_host)
+        mode = self.backend.planning.mode  # a fixed query layout (not extend's): the partition follows the kv
+        if mode.is_target_verify() or mode.is_draft_extend():
+            w.attnmeta_device = self._device_planner(w, True, replan, kv_indptr_host)
         return w
 
 
 LEAN_VERSIONS = ((0, 6),)  # FlashInfer versions whose decode plan() internals lean_planner repeats
+DEVICE_PLAN_VERSIONS = ((0, 6),)  # ... and whose graph-mode planners flashinfer_plan computes on the GPU
 
 
 def lean_planner(fi, w, heads: tuple[int, int, int], bs: int):
@@ -196,8 +262,7 @@ def lean_planner(fi, w, heads: tuple[int, int, int], bs: int):
     ``max`` over the lengths that iterates the tensor element by element (the reason the tensor-core
     ``plan()`` grew with the batch). Only for the FlashInfer versions whose internals this repeats
     (``LEAN_VERSIONS``) and the wrapper kinds it knows; otherwise None: ``plan()`` every step."""
-    version = tuple(int(p) for p in fi.__version__.split("+")[0].split(".")[:2] if p.isdigit())
-    if version not in LEAN_VERSIONS or getattr(w, "_jit_module", None) is not None:
+    if _version(fi) not in LEAN_VERSIONS or getattr(w, "_jit_module", None) is not None:
         return None
     hq, hkv, d = heads
     module, fws, iws, pws = w._cached_module, w._float_workspace_buffer, w._int_workspace_buffer, \

@@ -17,10 +17,12 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 L, ROWS, MAX_BS, SIZES = 1024, 80, 64, (1, 8, 16, 64)
 
 
+@pytest.mark.parametrize("planner", ["device", "host"])
 @pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor-cores", "cuda-cores"])
-def test_flashinfer_replay_matches_the_oracle(tensor_cores):
-    """Captured, then replayed with new lengths: every replay after the first plans through the lean
-    planner (FlashInfer's C++ planner alone), for both decode kernels."""
+def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
+    """Captured, then replayed with new lengths, for both decode kernels: every replay after the first
+    plans on the GPU inside the graph (``device``) or through the lean host planner (FlashInfer's
+    C++ planner alone)."""
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=4, device=dev)
     cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L))
@@ -28,7 +30,7 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores):
     g = torch.Generator().manual_seed(0)
     k = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
     v = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
-    adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores)
+    adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores, planner=planner)
     runner = GraphRunner(be, DecodeModel(k.bfloat16(), v.bfloat16(), MAX_BS, L, q_heads=8), SIZES, dev)
     runner.capture()  # largest first: later, smaller plans reuse a workspace a larger plan wrote
     for step, raw in enumerate([64, 5, 16, 1, 0, 60, 9]):
@@ -42,7 +44,9 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores):
             rel = (out.float().cpu() - want).norm() / want.norm()
             assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 7
-    assert all(w.attnmeta_lean is not None for w in adapter.wrappers.values())  # the lean path ran
+    on_device = [w.attnmeta_device is not None for w in adapter.wrappers.values()]
+    assert on_device == [planner == "device"] * len(on_device)  # every wrapper took the path asked for
+    assert all(w.attnmeta_lean is not None for w in adapter.wrappers.values()) == (planner == "host")
 
 
 @pytest.mark.parametrize("topk", [1, 2])

@@ -28,14 +28,15 @@ def batch(mode, lens, rows, dev):
                         extend_seq_lens_cpu=torch.ones(len(lens), dtype=torch.int32))
 
 
+@pytest.mark.parametrize("planner", ["device", "host"])
 @pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND], ids=["verify", "draft"])
-def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode):
+def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode, planner):
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=2, device=dev)
     cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
                                                       modes=(mode.name.lower(),), num_draft_tokens=D))
     be = cb.instantiate(pool, device=dev)
-    FlashInferDecodeAdapter(be, H, HKV, HD)
+    adapter = FlashInferDecodeAdapter(be, H, HKV, HD, planner=planner)
     g = torch.Generator().manual_seed(3)
     k = torch.randn(ROWS * L + 1, HKV, HD, generator=g).to(dev).bfloat16()
     v = torch.randn(ROWS * L + 1, HKV, HD, generator=g).to(dev).bfloat16()
@@ -82,6 +83,7 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode):
         got = obuf[: raw * D].float()
         rel = float((got - want).norm() / want.norm())
         assert rel < 1e-2, (step, raw, bs, rel)
+    assert all((w.attnmeta_device is not None) == (planner == "device") for w in adapter.wrappers.values())
 
 
 def test_a_tbo_child_without_rows_is_not_planned():
