@@ -45,7 +45,9 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
                 f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)"]
         late = [f"if not a{i}.is_cpu:", f"    DEVT{i}[:{n}].copy_(a{i}.view(-1)[:{n}], non_blocking=True)"]
     total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
-    pad = [f"if {n} != {total} or DIRTY{i}[0] != {total}:", f"    PAD{i}({n}, {total})"]
+    # A full batch pads nothing; it only moves the fill mark up to its end, when the mark is below it
+    # (the mark above it, as after a larger size, is left: the call would be a no-op every step)
+    pad = [f"if {n} != {total} or DIRTY{i}[0] < {total}:", f"    PAD{i}({n}, {total})"]
     return fetch, copy, pad, late
 
 

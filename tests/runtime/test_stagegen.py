@@ -122,3 +122,32 @@ def test_the_common_case_never_takes_the_general_path(name):
             st.fast(ReplayView.of(ForwardBatch(M.IDLE, 0), bs), bs, 0)
             assert count.calls == 1, (mode, bs)  # IDLE only: it has no rows to copy
             assert "general(" in source(st) and "memmove(P0" in source(st)
+
+
+def test_padding_rows_hold_the_fill_and_full_batches_skip_the_pad():
+    """Sizes of one mode share the staging buffer: after any sequence of batch sizes, the rows past
+    the live ones up to the plan's size hold each slot's fill (read back from the staged bytes). A
+    full batch below the buffer's capacity calls no pad: it has nothing to pad (it used to call a
+    no-op pad per slot every step)."""
+    be = backend("flashattention")
+    rng = random.Random(3)
+    calls = []
+
+    def counted(slot):
+        def pad(live, total):
+            calls.append(slot.source)
+            slot.pad(live, total)
+        return pad
+
+    for bs in (4, MAX_BS):
+        st = be.bound(M.DECODE, bs).stager
+        for i, slot in enumerate(st.slots):
+            st.fast.__globals__[f"PAD{i}"] = counted(slot)
+    for step, (bs, raw) in enumerate([(8, 8), (4, 1), (8, 6), (4, 4), (8, 2), (8, 8), (4, 3), (4, 4), (4, 4)]):
+        st = be.bound(M.DECODE, bs).stager
+        calls.clear()
+        st.fast(ReplayView.of(batch(M.DECODE, raw, rng), bs), bs, raw)
+        for s in st.slots:
+            assert (s.np[raw * s.per_row : bs * s.per_row] == s.fill).all(), (step, s.source)
+        if step == 8:  # the same full batch of 4 again (the buffer holds 8 rows): nothing to pad
+            assert calls == [], calls
