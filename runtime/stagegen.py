@@ -43,7 +43,12 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
     if not host_only:  # the host cannot check it without a sync: the kernels guard it on the device
         copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
                 f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)"]
-        late = [f"if not a{i}.is_cpu:", f"    DEVT{i}[:{n}].copy_(a{i}.view(-1)[:{n}], non_blocking=True)"]
+        # a device field is copied into the graph's buffer: the destination's view per live count is
+        # kept, and a source of exactly the live count is copied as it is (each view costs a few us)
+        late = [f"if not a{i}.is_cpu:", f"    d = DVIEW{i}.get({n})", "    if d is None:",
+                f"        d = DVIEW{i}[{n}] = DEVT{i}[:{n}]",
+                f"    d.copy_(a{i} if a{i}.dim() == 1 and a{i}.shape[0] == {n} else a{i}.view(-1)[:{n}], "
+                "non_blocking=True)"]
     total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
     # A full batch pads nothing; it only moves the fill mark up to its end, when the mark is below it
     # (the mark above it, as after a larger size, is left: the call would be a no-op every step)
@@ -79,7 +84,7 @@ def generate(stager):
           "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}
     for i, s in enumerate(stager.slots):
         ns |= {f"DT{i}": s.dtype, f"P{i}": s.ptr, f"U{i}": s.umv, f"M{i}": s.mv, f"UN{i}": s.unp, f"SN{i}": s.np,
-               f"DIRTY{i}": s.dirty, f"PAD{i}": s.pad, f"DEVT{i}": s.dev}
+               f"DIRTY{i}": s.dirty, f"PAD{i}": s.pad, f"DEVT{i}": s.dev, f"DVIEW{i}": {}}
     for k, (dev, host) in enumerate(stager.copies):
         ns |= {f"DEV{k}": dev, f"HOST{k}": host}
     exec(compile(source(stager), f"<attnmeta staging {id(stager):x}>", "exec"), ns)  # noqa: S102
