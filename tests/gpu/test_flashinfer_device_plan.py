@@ -58,3 +58,38 @@ def test_device_partition_equals_flashinfer_plan_each_step(kind):
         want = w._int_workspace_buffer
         for at, n in live_regions(planner.layout, want):
             assert torch.equal(mine[at : at + n], want[at : at + n]), (kind, step, bs, at, n)
+
+
+@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor-cores", "cuda-cores"])
+def test_long_context_attention_through_the_device_planner(tensor_cores):
+    """Captured and replayed to 32k tokens, the partition planned in the graph: FlashInfer attention
+    within 1e-2 of the fp32 oracle read from the pool, with sequences long enough that the chunk
+    search splits them into many KV chunks next to one-token ones."""
+    from attnmeta.runtime import DecodeModel, GraphRunner
+    from attnmeta.runtime.attention import attention_from_pool
+    from tests.batches import make_pool
+
+    dev, rows, sizes = torch.device("cuda"), 10, (1, 8)
+    pool = make_pool(rows, L, seed=9, device=dev)
+    be = compile_backend("flashinfer", CompileOptions(max_bs=8, capture_sizes=sizes, max_context_len=L)).instantiate(
+        pool, device=dev)
+    g = torch.Generator().manual_seed(4)
+    k = torch.randn(rows * L + 1, 2, 128, generator=g).to(dev).bfloat16()
+    v = torch.randn(rows * L + 1, 2, 128, generator=g).to(dev).bfloat16()
+    adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores)
+    runner = GraphRunner(be, DecodeModel(k, v, 8, L, q_heads=8), sizes, dev)
+    runner.capture()
+    k32, v32 = k.float().repeat_interleave(4, 1), v.float().repeat_interleave(4, 1)
+    for step, lens in enumerate([[L], [L, 1, 17000, L - 1, 4096, 2, 30000], [1], [129, L, 5, 20000, 128]]):
+        seq = torch.tensor(lens, dtype=torch.int32)
+        rpi = torch.arange(1, len(lens) + 1)
+        fb = ForwardBatch(ForwardMode.DECODE, len(lens), req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi,
+                          seq_lens=seq.to(dev), seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
+        q = torch.randn(len(lens), 8, 128, generator=g)
+        out = runner.run(fb, q.to(dev).bfloat16())
+        torch.cuda.synchronize()
+        want = attention_from_pool(q.to(dev), k32, v32, pool, rpi, seq)
+        rel = (out.float().cpu() - want).norm() / want.norm()
+        assert rel < 1e-2, (step, float(rel))
+    assert runner.stats["replay"] == 4
+    assert all(w.attnmeta_device is not None for w in adapter.wrappers.values())
