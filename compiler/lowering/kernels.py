@@ -48,8 +48,16 @@ def k_ewise(x, y, fn, out=None):
     return r.to(x.dtype) if out is None else out.copy_(r)
 
 
+_INTO = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
+
+
 def k_ewise_const(x, fn, value, out=None):
     # min/max against a Python number as clamp: a scalar tensor would be an H2D copy inside capture
+    if out is not None and out.dtype is x.dtype:  # straight into the bound buffer: one op, no temporary
+        if fn in _INTO:
+            return _INTO[fn](x, value, out=out)
+        if fn in ("min", "max"):
+            return torch.clamp(x, **{"max" if fn == "min" else "min": value}, out=out)
     r = x.clamp(max=value) if fn == "min" else x.clamp(min=value) if fn == "max" else EWISE[fn](x, value)
     return r.to(x.dtype) if out is None else out.copy_(r)
 

@@ -141,3 +141,23 @@ def test_the_device_planner_is_trusted_only_where_it_agrees_with_flashinfer():
     moving = iter(range(100))
     assert checked_planner(layout, kv, qo, ws, flashinfer_replan(132), samples,
                            lambda: [*state["info"][:-1], next(moving)]) is None
+
+
+def test_a_planner_flashinfer_refuses_to_check_is_not_trusted():
+    """FlashInfer raising on a sample leaves nothing to compare with: the device planner is refused and
+    the wrapper is planned again for the batch at hand (the last sample)."""
+    from attnmeta.runtime.flashinfer_plan import checked_planner
+
+    bs, seen = 2, []
+    info, buf, _ = fi.prefill_plan(_indptr([1] * bs), _indptr([5, 6]), 132, (8, 2), 128, 1, WS)
+    layout = PlanLayout.prefill_plan(info, bs, (8, 2), 1, 132)
+
+    def replan(kv):
+        seen.append(kv.tolist())
+        if kv.tolist()[-1] > 100:
+            raise RuntimeError("FlashInfer: no")
+
+    samples = [torch.tensor(_indptr([900, 1]), dtype=torch.int32), torch.tensor(_indptr([5, 6]), dtype=torch.int32)]
+    got = checked_planner(layout, samples[1], torch.tensor(_indptr([1] * bs), dtype=torch.int32),
+                          torch.from_numpy(buf.copy()), replan, samples, lambda: info)
+    assert got is None and seen == [_indptr([900, 1]), _indptr([5, 6])]
