@@ -263,14 +263,17 @@ def _bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, mode=Forw
 
 def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 300, warmup: int = 30,
               max_context_len: int = 4096, device: str | None = None, progress=lambda xs, *a, **k: xs,
-              planner: str = "auto", mode: str = "decode") -> tuple[list[dict], str]:
+              planner: str = "auto", mode: str = "decode", plan_on_device: bool = False) -> tuple[list[dict], str]:
     """The rows of the table and the planner they ran (``planner_for``); ``progress`` wraps the
     loop over sizes (the CLI passes a progress bar)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     planner = planner_for(backend, dev, planner)
     max_bs, L, fm = max(sizes), max_context_len, ForwardMode.parse(mode)
+    if plan_on_device and planner == "flashinfer-host":
+        raise OptionsError("--plan-on-device leaves no host indptrs to plan from: drop --planner flashinfer-host")
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
-                                                     modes=(fm,), num_draft_tokens=D, num_steps=STEPS))
+                                                     modes=(fm,), num_draft_tokens=D, num_steps=STEPS,
+                                                     plan_on_device=plan_on_device))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
@@ -304,9 +307,11 @@ def _tbo_step(inner_step):
     return step
 
 
-def format_table(rows: list[dict], device: str, planner: str = "none", mode: str = "decode") -> str:
+def format_table(rows: list[dict], device: str, planner: str = "none", mode: str = "decode",
+                 plan_on_device: bool = False) -> str:
     """Markdown, so that a run's table pastes into docs/BENCHMARKS.md as it is."""
     cols = ["bs", "floor_us", "compiled_us", "eager_us", "compiled/floor", "eager/compiled",
             "stage_us", "validate_us", "host_ops_us", "replay_us", "gpu_us", "staged_bytes"]
     return table(rows, cols, markdown=True, title=f"host time per {mode} step on {device} (median µs); "
-                 f"{planner_label(planner)}")
+                 f"{planner_label(planner)}"
+                 f"{'; compiled with plan_on_device (no host indptrs)' if plan_on_device else ''}")

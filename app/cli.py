@@ -77,6 +77,7 @@ def cmd_compile(a) -> int:
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
                           index_topk=a.index_topk, sm_count=a.sm_count, num_heads=a.num_heads,
                           num_kv_heads=a.num_kv_heads, modes=a.modes, capture_sizes=sizes,
+                          plan_on_device=a.plan_on_device,
                           dump_dir=writable_dir(dump) if dump else None,
                           dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
                           force=a.force, disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
@@ -197,14 +198,15 @@ def cmd_bench(a) -> int:
         print(json.dumps(rows, indent=1) if a.json else format_e2e(rows, torch.cuda.get_device_name(), a.backend))
         return 0
     rows, planner = run_bench(a.backend, sizes=tuple(a.sizes), iters=a.iters, max_context_len=a.max_context_len,
-                              device=dev, progress=_loop, planner=a.planner, mode=a.mode)
+                              device=dev, progress=_loop, planner=a.planner, mode=a.mode,
+                              plan_on_device=a.plan_on_device)
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     if a.json:
-        print(json.dumps({"backend": a.backend, "mode": a.mode, "device": name, "planner": planner, "planner_label":
-                          planner_label(planner), "iters": a.iters, "max_context_len": a.max_context_len,
-                          "rows": rows}, indent=1))
+        print(json.dumps({"backend": a.backend, "mode": a.mode, "device": name, "planner": planner,
+                          "plan_on_device": a.plan_on_device, "planner_label": planner_label(planner),
+                          "iters": a.iters, "max_context_len": a.max_context_len, "rows": rows}, indent=1))
     else:
-        print(format_table(rows, name, planner, a.mode))
+        print(format_table(rows, name, planner, a.mode, a.plan_on_device))
     return 0
 
 
@@ -249,6 +251,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
     c.add_argument("--index-topk", type=int, default=512, choices=[512, 1024],
                    help="dsv4: compressed entries the indexer selects per query (the model's index_topk)")
+    c.add_argument("--plan-on-device", action="store_true",
+                   help="flashinfer specs: no host indptrs; the split-KV partition is planned on the GPU every step "
+                        "(FlashInferDecodeAdapter's device planner, FlashInfer 0.6)")
     c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "
                                       "there (also ATTNMETA_DUMP_DIR)")
     c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")
@@ -304,6 +309,8 @@ def parser() -> argparse.ArgumentParser:
                     help="flashinfer's planner: FlashInfer's (GPU with FlashInfer; the compiled step plans on the "
                          "GPU), flashinfer-host (the compiled step calls FlashInfer's host planner), or the CPU "
                          "stand-in; auto takes FlashInfer where it can")
+    be.add_argument("--plan-on-device", action="store_true",
+                    help="compile with plan_on_device: no host indptrs in out_graph (FlashInfer backends)")
     be.add_argument("--mode", default="decode", choices=["decode", "target_verify", "draft_extend"],
                     help="the forward mode of the measured steps (draft tokens: 4)")
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")

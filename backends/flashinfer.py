@@ -16,6 +16,10 @@ from .common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, veri
 I32, I64 = DType.int32, DType.int64
 PLANNER = "flashinfer.decode_plan"
 PREFILL_PLANNER = "flashinfer.prefill_plan"
+# compiled with plan_on_device: the planner gets only what is constant per size (the last-page lengths,
+# the strided query indptr); the partition of each step is computed on the GPU, in the graph
+DEVICE_PLANNER = "flashinfer.decode_plan_on_device"
+DEVICE_PREFILL_PLANNER = "flashinfer.prefill_plan_on_device"
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
@@ -23,26 +27,39 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     room = verify_headroom(mode, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, room)
     seq_lens_cpu = host_seq_lens(b, room)
+    on_device = options.plan_on_device
     if mode.is_target_verify():
-        return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
+        return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device)
     if mode.is_draft_extend():
-        return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token)
+        return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device)
     if mode is ForwardMode.EXTEND:
         return extend(b, rpi, req_to_token)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
+    host = {}
     with b.out_graph():
-        indptr_host = b.cumsum(seq_lens_cpu, name="kv_indptr_host")
+        if not on_device:
+            host["kv_indptr_host"] = b.cumsum(seq_lens_cpu, name="kv_indptr_host")
         last_page_len_host = b.full(1, ["bs"], I32, Placement.host, name="kv_last_page_len_host")
-        plan = b.host_call(PLANNER, indptr_host, last_page_len_host, name="plan")
-    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
-              kv_indptr_host=indptr_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+        plan = b.host_call(DEVICE_PLANNER if on_device else PLANNER, *host.values(), last_page_len_host, name="plan")
+    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len, plan=plan,
+              ragged={"kv_indices": "kv_indptr"}, **host)
     return b.build()
 
 
-def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token) -> Graph:
+def _prefill_plan(b: SpecBuilder, qo_host, kv_lens_cpu, on_device: bool) -> tuple[object, dict]:
+    """The prefill planner node, in out_graph: from the host indptrs, or (plan_on_device) from the
+    constant query indptr alone. Returns it and the host kv indptr field, if any."""
+    with b.out_graph():
+        if on_device:
+            return b.host_call(DEVICE_PREFILL_PLANNER, qo_host, name="plan"), {}
+        kv_host = b.cumsum(kv_lens_cpu, name="kv_indptr_host")
+        return b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan"), {"kv_indptr_host": kv_host}
+
+
+def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False) -> Graph:
     """Target verify (EAGLE): D query tokens per request over the prefix plus the D drafts; the
     tree-mask rows of request i start at mask_indptr[i]. plan() gets host indptrs computed from
     the host mirror, never a device->host copy at replay."""
@@ -56,15 +73,15 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token) ->
         last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
     with b.out_graph():
         qo_host = b.arange("bs + 1", step=D, placement=Placement.host, name="qo_indptr_host")
-        kv_host = b.cumsum(b.ewise("add", seq_lens_cpu, D), name="kv_indptr_host")
-        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
+        kv_lens_cpu = None if on_device else b.ewise("add", seq_lens_cpu, D)
+    plan, host = _prefill_plan(b, qo_host, kv_lens_cpu, on_device)
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
-              custom_mask=custom_mask,
-              kv_last_page_len=last_page_len, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+              custom_mask=custom_mask, kv_last_page_len=last_page_len, plan=plan, ragged={"kv_indices": "kv_indptr"},
+              **host)
     return b.build()
 
 
-def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token) -> Graph:
+def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False) -> Graph:
     """Draft extend (EAGLE, SGLang's V2 layout): T query slots per request at a fixed stride, the
     accepted tokens first; keys are the whole sequence (seq_lens counts the T slots). The kernel
     and plan() read the same qo_indptr: graph-mode plan() copies the host indptr it is given into
@@ -77,10 +94,9 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_tok
         last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
     with b.out_graph():
         qo_host = b.arange("bs + 1", step=T, placement=Placement.host, name="qo_indptr_host")
-        kv_host = b.cumsum(seq_lens_cpu, name="kv_indptr_host")
-        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
+    plan, host = _prefill_plan(b, qo_host, seq_lens_cpu, on_device)
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
-              qo_indptr_host=qo_host, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
+              qo_indptr_host=qo_host, plan=plan, ragged={"kv_indices": "kv_indptr"}, **host)
     return b.build()
 
 

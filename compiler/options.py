@@ -38,6 +38,9 @@ class CompileOptions:
     topk: int = 1
     num_steps: int = 3
     index_topk: int = 512  # DSV4: compressed entries the indexer selects per query (the model's index_topk)
+    # FlashInfer specs: the split-KV partition is planned on the GPU every step (FlashInferDecodeAdapter's
+    # device planner), so out_graph computes no host indptrs for plan(): no host op per step
+    plan_on_device: bool = False
     # the device and model the split-KV heuristic plans for (triton): SMs, query heads, KV heads
     sm_count: int = 132  # an H200
     num_heads: int = 32

@@ -27,19 +27,18 @@ import logging
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from attnmeta.compiler.ir.errors import UserError
-from attnmeta.compiler.lowering.launch import launch
 
-from .flashinfer_plan import PlanLayout, checked_planner
+from .flashinfer_plan import PlanLayout, checked_planner, pack_mask
 from .planners import PlanError
 
 log = logging.getLogger("attnmeta.runtime")
 
 PLANNER = "flashinfer.decode_plan"
 PREFILL_PLANNER = "flashinfer.prefill_plan"
+DEVICE_PLANNER = "flashinfer.decode_plan_on_device"  # a spec compiled with plan_on_device
+DEVICE_PREFILL_PLANNER = "flashinfer.prefill_plan_on_device"
 # The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
 # adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
 MIN_VERSION = (0, 6)
@@ -96,6 +95,8 @@ class FlashInferDecodeAdapter:
         self._ones: dict[int, torch.Tensor] = {}
         backend.planners[PLANNER] = self.plan
         backend.planners[PREFILL_PLANNER] = self.plan_prefill
+        backend.planners[DEVICE_PLANNER] = self.plan_on_device
+        backend.planners[DEVICE_PREFILL_PLANNER] = self.plan_prefill_on_device
 
     def _fields(self, key: str, names: tuple[str, ...], what: str) -> list:
         prefix, m = key.removesuffix("plan"), self.backend.planning.meta
@@ -124,7 +125,8 @@ class FlashInferDecodeAdapter:
             return w
         return self._cached(key, make)
 
-    def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "plan"):
+    def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "plan",
+             on_device: bool = False):
         w = self.wrapper(key)
         if indptr_host.shape[0] <= 1:  # no rows (a TBO child of a batch of one): nothing to plan or attend
             return w
@@ -143,8 +145,36 @@ class FlashInferDecodeAdapter:
                        q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         replan(indptr_host)
         w.attnmeta_device = self._device_planner(w, self.tensor_cores, replan, indptr_host)
+        if on_device:
+            return self._required(w, "decode")
         if w.attnmeta_device is None:
             w.attnmeta_lean = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
+        return w
+
+    def plan_on_device(self, last_page_len_host: torch.Tensor, key: str = "plan"):
+        """A spec compiled with ``plan_on_device`` has no host indptr: the wrapper's one ``plan()`` (which
+        fixes the shape of the work) runs on requests of one token each, then its partition is planned on
+        the GPU every step; where that cannot be (another FlashInfer, a check that fails), it is an error,
+        as nothing on the host could plan a step."""
+        w = self.wrapper(key)
+        if w.attnmeta_device is not None:  # every step after the first
+            self._hook(w.attnmeta_device)
+            return w
+        bs = last_page_len_host.shape[0]
+        return self.plan(torch.arange(bs + 1, dtype=torch.int32), last_page_len_host, key, on_device=True)
+
+    def plan_prefill_on_device(self, qo_indptr_host: torch.Tensor, key: str = "plan"):
+        """As ``plan_on_device``, for target verify and draft extend: the first plan's keys are the query
+        rows themselves."""
+        return self.plan_prefill(qo_indptr_host, qo_indptr_host, key, on_device=True)
+
+    def _required(self, w, what: str):
+        if w.attnmeta_device is None:
+            why = ("this adapter was made with planner='host'" if not self.device_plans else
+                   f"FlashInfer {self.fi.__version__}'s {what} planner could not be repeated on the GPU (see the "
+                   "warning above)")
+            raise PlanError(f"the backend was compiled with plan_on_device, so no step has host indptrs to plan "
+                            f"from, but {why}; compile without --plan-on-device (plan_on_device=False)")
         return w
 
     def _hook(self, fn) -> None:
@@ -217,21 +247,22 @@ class FlashInferDecodeAdapter:
             return w
         return self._cached(key, make)
 
-    def plan_prefill(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "plan"):
+    def plan_prefill(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "plan",
+                     on_device: bool = False):
         """Target verify: the tree mask the drafter wrote into ``custom_mask`` (rows of ``qo_len x kv_len``
         per request, as FlashInfer lays it out), no causal mask. Draft extend: causal. The mask is packed
         to bits in the recorded graph, after the metadata and before attention (``pack_mask``), so
         plan() is handed the packed buffer itself: its copy into that buffer is a no-op."""
         w = self.prefill_wrapper(key)
+        if w.attnmeta_device is not None:  # planned on the GPU, after the metadata graph
+            self._hook(w.attnmeta_device)
+            return w
         bs = qo_indptr_host.shape[0] - 1
         if bs == 0:
             return w
         ones = self._ones.get(bs)
         if ones is None:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
-        if w.attnmeta_device is not None:
-            self._hook(w.attnmeta_device)
-            return w
         hq, hkv, d = self.heads
         if w.attnmeta_pack is not None:
             self._hook(w.attnmeta_pack)  # every replay packs this step's mask
@@ -247,7 +278,7 @@ class FlashInferDecodeAdapter:
         mode = self.backend.planning.mode  # a fixed query layout (not extend's): the partition follows the kv
         if mode.is_target_verify() or mode.is_draft_extend():
             w.attnmeta_device = self._device_planner(w, True, replan, kv_indptr_host)
-        return w
+        return self._required(w, "prefill") if on_device else w
 
 
 LEAN_VERSIONS = ((0, 6),)  # FlashInfer versions whose decode plan() internals lean_planner repeats
@@ -288,47 +319,6 @@ def lean_planner(fi, w, heads: tuple[int, int, int], bs: int):
         w._plan_info = module.plan(fws, iws, pws, indptr_host, bs, hq, hkv, 1, True, -1, soft_cap, d, d,
                                    q_empty, kv_empty)
     return plan_cuda_cores
-
-
-def pack_mask(mask: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, out: torch.Tensor,
-              out_indptr: torch.Tensor, per_request: int) -> None:
-    """The bool tree mask (request i: ``qo_len_i x kv_len_i`` entries, row-major, back to back) packed
-    to bits into ``out`` as FlashInfer's kernel reads it (little bit order, each request from a byte
-    boundary), and the packed byte offsets into ``out_indptr``. One Triton kernel, a program per
-    request and chunk of ``per_request`` (the most mask entries a request has) from the device
-    indptrs the graph just wrote: static grid, recordable, no host sync (FlashInfer's own packing
-    reads its offsets back to the host)."""
-    n, block = qo_indptr.numel() - 1, 256
-    grid = (max(n, 1), triton.cdiv(triton.cdiv(per_request, 8), block))
-    launch(lambda: _pack_mask[grid](mask, qo_indptr, kv_indptr, out, out_indptr, n,
-                                    BLOCK=block, BLOCK_R=triton.next_power_of_2(n + 1)))
-
-
-@triton.jit
-def _pack_mask(mask, qo, kv, out, out_indptr, n_req, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
-    me, chunk = tl.program_id(0), tl.program_id(1)
-    r = tl.arange(0, BLOCK_R)
-    rm = r < n_req
-    q0 = tl.load(qo + r, mask=rm, other=0).to(tl.int64)
-    q1 = tl.load(qo + r + 1, mask=rm, other=0).to(tl.int64)
-    k0 = tl.load(kv + r, mask=rm, other=0).to(tl.int64)
-    k1 = tl.load(kv + r + 1, mask=rm, other=0).to(tl.int64)
-    seg = (q1 - q0) * (k1 - k0)  # mask entries of request r (0 past the batch)
-    nbytes = (seg + 7) // 8
-    seg_end, byte_end = tl.cumsum(seg, 0), tl.cumsum(nbytes, 0)
-    if me == 0 and chunk == 0:
-        tl.store(out_indptr + r + 1, byte_end.to(tl.int32), mask=rm)
-        tl.store(out_indptr + r, (byte_end - nbytes).to(tl.int32), mask=r == 0)
-    mine = (r == me) & rm  # this program's request: its first entry, entries, first byte, bytes
-    first = tl.sum(tl.where(mine, seg_end - seg, 0), 0)
-    entries = tl.sum(tl.where(mine, seg, 0), 0)
-    at = tl.sum(tl.where(mine, byte_end - nbytes, 0), 0)
-    count = tl.sum(tl.where(mine, nbytes, 0), 0)
-    p = chunk * BLOCK + tl.arange(0, BLOCK)
-    bit = tl.arange(0, 8)
-    src = (p * 8)[:, None] + bit[None, :]
-    bits = tl.load(mask + first + src, mask=(p < count)[:, None] & (src < entries), other=0).to(tl.int32)
-    tl.store(out + at + p, tl.sum(bits << bit[None, :], 1).to(tl.uint8), mask=p < count)
 
 
 def run_decode(wrapper, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor):

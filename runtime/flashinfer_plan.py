@@ -253,3 +253,44 @@ def _agrees(layout, sample, qo_indptr, workspace, replan, plan_info, first) -> b
     mine = DevicePlanner(layout, sample.to(workspace.device, non_blocking=False), qo_indptr, workspace.clone())
     mine()
     return all(torch.equal(mine.workspace[at : at + n], want[at : at + n]) for at, n in live_regions(layout, want))
+
+
+def pack_mask(mask: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, out: torch.Tensor,
+              out_indptr: torch.Tensor, per_request: int) -> None:
+    """The bool tree mask (request i: ``qo_len_i x kv_len_i`` entries, row-major, back to back) packed
+    to bits into ``out`` as FlashInfer's kernel reads it (little bit order, each request from a byte
+    boundary), and the packed byte offsets into ``out_indptr``. One Triton kernel, a program per
+    request and chunk of ``per_request`` (the most mask entries a request has) from the device
+    indptrs the graph just wrote: static grid, recordable, no host sync (FlashInfer's own packing
+    reads its offsets back to the host)."""
+    n, block = qo_indptr.numel() - 1, 256
+    grid = (max(n, 1), triton.cdiv(triton.cdiv(per_request, 8), block))
+    launch(lambda: _pack_mask[grid](mask, qo_indptr, kv_indptr, out, out_indptr, n,
+                                    BLOCK=block, BLOCK_R=triton.next_power_of_2(n + 1)))
+
+
+@triton.jit
+def _pack_mask(mask, qo, kv, out, out_indptr, n_req, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
+    me, chunk = tl.program_id(0), tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    rm = r < n_req
+    q0 = tl.load(qo + r, mask=rm, other=0).to(tl.int64)
+    q1 = tl.load(qo + r + 1, mask=rm, other=0).to(tl.int64)
+    k0 = tl.load(kv + r, mask=rm, other=0).to(tl.int64)
+    k1 = tl.load(kv + r + 1, mask=rm, other=0).to(tl.int64)
+    seg = (q1 - q0) * (k1 - k0)  # mask entries of request r (0 past the batch)
+    nbytes = (seg + 7) // 8
+    seg_end, byte_end = tl.cumsum(seg, 0), tl.cumsum(nbytes, 0)
+    if me == 0 and chunk == 0:
+        tl.store(out_indptr + r + 1, byte_end.to(tl.int32), mask=rm)
+        tl.store(out_indptr + r, (byte_end - nbytes).to(tl.int32), mask=r == 0)
+    mine = (r == me) & rm  # this program's request: its first entry, entries, first byte, bytes
+    first = tl.sum(tl.where(mine, seg_end - seg, 0), 0)
+    entries = tl.sum(tl.where(mine, seg, 0), 0)
+    at = tl.sum(tl.where(mine, byte_end - nbytes, 0), 0)
+    count = tl.sum(tl.where(mine, nbytes, 0), 0)
+    p = chunk * BLOCK + tl.arange(0, BLOCK)
+    bit = tl.arange(0, 8)
+    src = (p * 8)[:, None] + bit[None, :]
+    bits = tl.load(mask + first + src, mask=(p < count)[:, None] & (src < entries), other=0).to(tl.int32)
+    tl.store(out + at + p, tl.sum(bits << bit[None, :], 1).to(tl.uint8), mask=p < count)

@@ -73,6 +73,21 @@ class ReferencePrefillPlanner(_Planner):
         return self._record(key, kv_indptr_host.shape[0] - 1, int(kv_indptr_host.numpy()[-1]))
 
 
+class ReferenceDevicePlanner(_Planner):
+    """Stand-in for a planner whose partition is computed on the GPU (``plan_on_device``): it gets
+    only a constant per size (the last-page lengths, or the query indptr: bs + 1 entries) and has
+    nothing to plan on the host."""
+
+    def __init__(self, indptr: bool) -> None:
+        super().__init__()
+        self.indptr = indptr
+
+    def __call__(self, constant: torch.Tensor, key: str = "") -> DecodePlan:
+        if constant.device.type != "cpu":
+            raise PlanError("the planner's input is a host constant; got a device tensor")
+        return self._record(key, constant.shape[0] - int(self.indptr), 0)
+
+
 def with_key(planner):
     """A planner as ``host_call`` calls it: ``planner(*host_tensors, key=<planner node name>)``. One
     written without ``key`` (it does not care which node calls it) is wrapped, once, at bind."""
@@ -86,4 +101,6 @@ def with_key(planner):
 
 
 def default_planners() -> dict:
-    return {"flashinfer.decode_plan": ReferenceDecodePlanner(), "flashinfer.prefill_plan": ReferencePrefillPlanner()}
+    return {"flashinfer.decode_plan": ReferenceDecodePlanner(), "flashinfer.prefill_plan": ReferencePrefillPlanner(),
+            "flashinfer.decode_plan_on_device": ReferenceDevicePlanner(indptr=False),
+            "flashinfer.prefill_plan_on_device": ReferenceDevicePlanner(indptr=True)}

@@ -17,20 +17,22 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 L, ROWS, MAX_BS, SIZES = 1024, 80, 64, (1, 8, 16, 64)
 
 
-@pytest.mark.parametrize("planner", ["device", "host"])
+@pytest.mark.parametrize("planner", ["device", "host", "plan_on_device"])
 @pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor-cores", "cuda-cores"])
 def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
     """Captured, then replayed with new lengths, for both decode kernels: every replay after the first
-    plans on the GPU inside the graph (``device``) or through the lean host planner (FlashInfer's
-    C++ planner alone)."""
+    plans on the GPU inside the graph (``device``; ``plan_on_device``: compiled with no host indptr at
+    all) or through the lean host planner (FlashInfer's C++ planner alone)."""
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=4, device=dev)
-    cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L))
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                      plan_on_device=planner == "plan_on_device"))
     be = cb.instantiate(pool, device=dev)
     g = torch.Generator().manual_seed(0)
     k = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
     v = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
-    adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores, planner=planner)
+    adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores,
+                                      planner="host" if planner == "host" else "device")
     runner = GraphRunner(be, DecodeModel(k.bfloat16(), v.bfloat16(), MAX_BS, L, q_heads=8), SIZES, dev)
     runner.capture()  # largest first: later, smaller plans reuse a workspace a larger plan wrote
     for step, raw in enumerate([64, 5, 16, 1, 0, 60, 9]):
@@ -45,7 +47,7 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
             assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 7
     on_device = [w.attnmeta_device is not None for w in adapter.wrappers.values()]
-    assert on_device == [planner == "device"] * len(on_device)  # every wrapper took the path asked for
+    assert on_device == [planner != "host"] * len(on_device)  # every wrapper took the path asked for
     assert all(w.attnmeta_lean is not None for w in adapter.wrappers.values()) == (planner == "host")
 
 
