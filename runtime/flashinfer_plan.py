@@ -23,6 +23,9 @@ skip them by the mask).
 The adapter checks a device planner against FlashInfer's own on the first
 batch and on synthetic ones before trusting it, and keeps FlashInfer's host
 planner for any wrapper where they differ.
+
+The verify tree mask's packing to bits (``pack_mask``) is the other piece of
+FlashInfer's per-step work this module moves into the recorded graph.
 """
 
 from __future__ import annotations
