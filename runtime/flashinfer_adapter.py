@@ -192,7 +192,9 @@ class FlashInferDecodeAdapter:
         hq, hkv, _ = self.heads
         bs = first.shape[0] - 1
         if prefill:
-            sms = torch.cuda.get_device_properties(w._int_workspace_buffer.device).multi_processor_count
+            dev = w._int_workspace_buffer.device  # FlashInfer sizes its grid by the GPU's SMs (off a GPU: tests)
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else \
+                self.backend.compiled.options.sm_count
             layout = PlanLayout.prefill_plan(w._plan_info, bs, (hq, hkv), 1, sms)
         else:
             layout = PlanLayout.decode(w._plan_info, bs, 1)

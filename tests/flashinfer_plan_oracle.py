@@ -33,14 +33,17 @@ class _Alloc:
         self.buf[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
 
 
-def decode_plan(indptr: list[int], max_grid: int, kv_heads: int, page_size: int, ws: int = 1 << 16):
-    """DecodePlan, enable_cuda_graph=True. ``max_grid``: blocks per SM x SMs (occupancy)."""
+def decode_plan(indptr: list[int], max_grid: int, kv_heads: int, page_size: int, ws: int = 1 << 16,
+                min_chunk: int = 128):
+    """DecodePlan, enable_cuda_graph=True. ``max_grid``: blocks per SM x SMs (occupancy); ``min_chunk``:
+    the tokens whose pages bound the chunk search from below (128 in FlashInfer; tests change it to make
+    a planner that disagrees)."""
     bs, gdy = len(indptr) - 1, kv_heads
     pages = [indptr[i + 1] - indptr[i] for i in range(bs)]
     if bs * gdy >= max_grid:
         split, chunk, new_bs = False, max([1, *pages]), bs
     else:
-        low, high = max(128 // page_size, 1), max([0, *pages])
+        low, high = max(min_chunk // page_size, 1), max([0, *pages])
         while low < high:
             mid = (low + high) // 2
             n = sum(cdiv(p, mid) for p in pages)
@@ -81,7 +84,7 @@ def cta_tile_q(packed_qo_len: int, head_dim: int) -> int:
 
 
 def prefill_plan(qo_indptr: list[int], kv_indptr: list[int], num_sm: int, heads: tuple[int, int], head_dim: int,
-                 page_size: int, ws: int = 1 << 16):
+                 page_size: int, ws: int = 1 << 16, min_chunk: int = 128):
     """PrefillPlan, fa2, enable_cuda_graph=True, no sliding window, no fixed split, nothing colocated."""
     bs, (hq, hkv) = len(qo_indptr) - 1, heads
     g, rows = hq // hkv, qo_indptr[-1]
@@ -90,7 +93,7 @@ def prefill_plan(qo_indptr: list[int], kv_indptr: list[int], num_sm: int, heads:
     kv = [kv_indptr[i + 1] - kv_indptr[i] for i in range(bs)]
     cta = cta_tile_q((rows - bs + 1) * g, head_dim)
     tiles_bound = cdiv(rows * g, cta) + bs - 1
-    low, high = max(128 // page_size, 1), max([1, *kv])
+    low, high = max(min_chunk // page_size, 1), max([1, *kv])
     while low < high:
         mid = (low + high) // 2
         n = sum(cdiv(packed[i], cta) * cdiv(max(kv[i], 1), mid) for i in range(bs))

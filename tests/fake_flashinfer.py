@@ -1,0 +1,77 @@
+"""A stand-in for FlashInfer 0.6's graph-mode wrappers on the CPU, so CI drives the adapter's
+planning logic without a GPU: each wrapper keeps the attributes the adapter reads, and its
+``plan()`` writes the int workspace with FlashInfer's planners as transcribed in
+``tests/flashinfer_plan_oracle.py`` (and copies the host indptrs into the bound buffers, as graph
+mode does). No attention runs; ``bug`` makes the planner disagree with FlashInfer's (the chunk
+search's lower bound halved), to exercise the adapter's refusal of its device planner."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from tests import flashinfer_plan_oracle as oracle
+
+WS = 1 << 16
+MAX_GRID = 1056  # blocks per SM x SMs the CUDA-core decode kernel's occupancy gives (8 x 132)
+SMS = 132
+
+
+def _min_chunk(bug: bool) -> int:
+    return 64 if bug else 128
+
+
+class _Wrapper:
+    bug = False
+
+    def _write(self, info, buf) -> None:
+        self._int_workspace_buffer.copy_(torch.from_numpy(buf))
+        self._plan_info = info
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
+    def __init__(self, workspace, layout, use_cuda_graph, use_tensor_cores, paged_kv_indptr_buffer,
+                 paged_kv_indices_buffer, paged_kv_last_page_len_buffer):
+        assert use_cuda_graph and layout == "NHD"
+        self.use_tensor_cores, self._backend, self._jit_module = use_tensor_cores, "fa2", None
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._int_workspace_buffer = torch.zeros(WS, dtype=torch.uint8)
+        bs = paged_kv_indptr_buffer.numel() - 1
+        self._qo_indptr_buf = torch.arange(bs + 1, dtype=torch.int32)
+
+    def plan(self, indptr, indices, last_page_len, hq, hkv, d, page_size, q_data_type=None, kv_data_type=None):
+        ind = indptr.tolist()
+        if self.use_tensor_cores:
+            info, buf, _ = oracle.prefill_plan(list(range(len(ind))), ind, SMS, (hq, hkv), d, page_size, WS,
+                                               min_chunk=_min_chunk(self.bug))
+        else:
+            info, buf, _ = oracle.decode_plan(ind, MAX_GRID, hkv, page_size, WS, min_chunk=_min_chunk(self.bug))
+        self._paged_kv_indptr_buf.copy_(indptr)
+        self._write(info, buf)
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
+    def __init__(self, workspace, layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf,
+                 paged_kv_last_page_len_buf, backend, custom_mask_buf=None, mask_indptr_buf=None):
+        assert use_cuda_graph and backend == "fa2"
+        self._backend, self._jit_module = backend, None
+        self._qo_indptr_buf, self._paged_kv_indptr_buf = qo_indptr_buf, paged_kv_indptr_buf
+        self._custom_mask_buf = custom_mask_buf
+        self._int_workspace_buffer = torch.zeros(WS, dtype=torch.uint8)
+
+    def plan(self, qo, kv, indices, last_page_len, hq, hkv, d, page_size, packed_custom_mask=None, causal=False,
+             q_data_type=None, kv_data_type=None):
+        info, buf, _ = oracle.prefill_plan(qo.tolist(), kv.tolist(), SMS, (hq, hkv), d, page_size, WS,
+                                           min_chunk=_min_chunk(self.bug))
+        self._qo_indptr_buf.copy_(qo)
+        self._paged_kv_indptr_buf.copy_(kv)
+        self._write(info, buf)
+
+
+def module(bug: bool = False) -> types.ModuleType:
+    fi = types.ModuleType("flashinfer")
+    fi.__version__ = "0.6.4"
+    for cls in (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper):
+        setattr(fi, cls.__name__, type(cls.__name__, (cls,), {"bug": bug}))
+    return fi
