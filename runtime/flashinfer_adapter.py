@@ -171,8 +171,9 @@ class FlashInferDecodeAdapter:
     def _required(self, w, what: str):
         if w.attnmeta_device is None:
             why = ("this adapter was made with planner='host'" if not self.device_plans else
-                   f"FlashInfer {self.fi.__version__}'s {what} planner could not be repeated on the GPU (see the "
-                   "warning above)")
+                   f"the device planner does not repeat FlashInfer {self.fi.__version__}'s {what} planner for this "
+                   f"wrapper (it repeats {', '.join('.'.join(map(str, v)) for v in DEVICE_PLAN_VERSIONS)}; a "
+                   "disagreement is logged)")
             raise PlanError(f"the backend was compiled with plan_on_device, so no step has host indptrs to plan "
                             f"from, but {why}; compile without --plan-on-device (plan_on_device=False)")
         return w

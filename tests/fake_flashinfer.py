@@ -69,9 +69,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._write(info, buf)
 
 
-def module(bug: bool = False) -> types.ModuleType:
+def module(bug: bool = False, version: str = "0.6.4") -> types.ModuleType:
     fi = types.ModuleType("flashinfer")
-    fi.__version__ = "0.6.4"
+    fi.__version__ = version
     for cls in (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper):
         setattr(fi, cls.__name__, type(cls.__name__, (cls,), {"bug": bug}))
     return fi

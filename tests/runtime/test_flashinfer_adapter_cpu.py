@@ -29,8 +29,8 @@ MODES = (M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND)
 HEADS = (8, 2, 128)
 
 
-def backend(plan_on_device: bool, bug: bool, tensor_cores: bool, monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module(bug))
+def backend(plan_on_device: bool, bug: bool, tensor_cores: bool, monkeypatch, version: str = "0.6.4"):
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module(bug, version))
     monkeypatch.setattr(fa, "lean_planner", lambda *a: None)  # the stand-in has no C++ module: plan() each step
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(4, MAX_BS), max_context_len=L, num_draft_tokens=D,
                           modes=("decode", "idle", "target_verify", "draft_extend"), plan_on_device=plan_on_device)
@@ -101,4 +101,11 @@ def test_plan_on_device_without_a_device_planner_is_an_error(monkeypatch):
     be, _ = backend(True, True, True, monkeypatch)
     view = ReplayView.of(batch(M.DECODE, 3, random.Random(0)), 4)
     with pytest.raises(PlanError, match="compiled with plan_on_device.*compile without --plan-on-device"):
+        be.init_forward_metadata_out_graph(view)
+
+
+def test_plan_on_device_with_a_flashinfer_it_does_not_know_is_an_error(monkeypatch):
+    be, _ = backend(True, False, False, monkeypatch, version="0.7.0")
+    view = ReplayView.of(batch(M.DECODE, 3, random.Random(0)), 4)
+    with pytest.raises(PlanError, match=r"does not repeat FlashInfer 0\.7\.0's decode planner .*repeats 0\.6"):
         be.init_forward_metadata_out_graph(view)
