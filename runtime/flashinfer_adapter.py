@@ -207,7 +207,7 @@ class FlashInferDecodeAdapter:
                                   w._int_workspace_buffer, replan, [*samples, first.clone()], lambda: w._plan_info)
         if planner is None:
             log.warning("FlashInfer %s: the device planner does not match FlashInfer's for this %s wrapper "
-                        "(bs %d); it keeps FlashInfer's host planner", self.fi.__version__,
+                        "(bs %d): FlashInfer plans its steps on the host", self.fi.__version__,
                         "prefill" if prefill else "decode", bs)
             return None
         self._hook(planner)
