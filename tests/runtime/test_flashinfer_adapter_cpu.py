@@ -109,3 +109,36 @@ def test_plan_on_device_with_a_flashinfer_it_does_not_know_is_an_error(monkeypat
     view = ReplayView.of(batch(M.DECODE, 3, random.Random(0)), 4)
     with pytest.raises(PlanError, match=r"does not repeat FlashInfer 0\.7\.0's decode planner .*repeats 0\.6"):
         be.init_forward_metadata_out_graph(view)
+
+
+@pytest.mark.parametrize("name", ["tbo_flashinfer", "multistep_flashinfer"])
+@pytest.mark.parametrize("plan_on_device", [False, True], ids=["default", "plan_on_device"])
+def test_wrapped_backends_partition_each_wrapper_from_its_own_indptr(name, plan_on_device, monkeypatch):
+    """TBO's batch and halves, the drafter's steps: one wrapper per planner node, each partitioned
+    after the metadata graph from its own kv indptr (a TBO half of no rows is left unplanned)."""
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module())
+    opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(1, 4, MAX_BS), max_context_len=L, modes=("decode", "idle"),
+                          plan_on_device=plan_on_device)
+    be = compile_backend(name, opts).instantiate(make_pool(ROWS, L, 1))
+    fa.FlashInferDecodeAdapter(be, *HEADS, use_tensor_cores=True, workspace_bytes=1 << 10)
+    rng = random.Random(name)
+    for step, raw in enumerate([1, 7, 3, 8, 1]):
+        bs = 1 if raw == 1 else 4 if raw <= 4 else MAX_BS
+        view = ReplayView.of(batch(M.DECODE, raw, rng), bs)
+        be.init_forward_metadata_out_graph(view)
+        be.init_forward_metadata_in_graph(view)
+        m = vars(be.forward_metadata)
+        keys = [k for k in m if k.endswith("plan")]
+        assert len(keys) == 3, keys
+        for key in keys:
+            indptr = m[key.removesuffix("plan") + "kv_indptr"]
+            rows = indptr.numel() - 1
+            if rows == 0:  # the empty half of a batch of one
+                assert m[key].attnmeta_device is None
+                continue
+            w = m[key]
+            assert w.attnmeta_device is not None, (step, key)
+            info, want, _ = oracle.prefill_plan(list(range(rows + 1)), indptr.tolist(), fake_flashinfer.SMS,
+                                                HEADS[:2], HEADS[2], 1, fake_flashinfer.WS)
+            for at, n in live_regions(w.attnmeta_device.layout, torch.from_numpy(want)):
+                assert w._int_workspace_buffer[at : at + n].tolist() == want[at : at + n].tolist(), (step, key)
