@@ -76,6 +76,22 @@ def _fill_spec(fill):
     compile_backend(BackendSpec("mine", build, (ForwardMode.DECODE,)), CompileOptions(max_bs=4, capture_sizes=(4,)))
 
 
+def _plan_on_device_with(version: str):
+    """A backend compiled with plan_on_device, served through a FlashInfer of ``version`` (the CPU
+    stand-in of tests/fake_flashinfer.py): the first step plans."""
+    from unittest import mock
+
+    from attnmeta.runtime import ReplayView
+    from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+    from tests import fake_flashinfer
+    from tests.batches import make_batch
+
+    be = _backend(plan_on_device=True)
+    with mock.patch.dict(sys.modules, {"flashinfer": fake_flashinfer.module(version=version)}):
+        FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=False, workspace_bytes=1 << 10)
+        be.init_forward_metadata_out_graph(ReplayView.of(make_batch(3, 16, 8, seed=1, max_len=8), 4))
+
+
 GRAPH = 'graph "g" [] {\n  input %x: i32[bs]@device batch fill=1\n  output y = %x\n'
 CASES = [
     Case("a pool row outside the pool (`req_pool_indices_cpu = [1, 99, 2]`)",
@@ -124,6 +140,8 @@ CASES = [
          "OptionsError", "--disable-pass fusee: no such pass"),
     Case("`--disable-pass check-split` without `--force`",
          lambda: _compiled("triton", disabled_passes=("check-split",)), "OptionsError", "switches off a safety check"),
+    Case("`plan_on_device` with a FlashInfer whose planner the device kernel does not repeat",
+         lambda: _plan_on_device_with("0.7.0"), "PlanError", "compiled with plan_on_device, so no step has host"),
     Case("`--disable-pass plan-buffers` (the runtime needs it)",
          lambda: _compiled("triton", disabled_passes=("plan-buffers",)), "OptionsError", "cannot be disabled"),
     Case(".ir text with a missing `}`", lambda: _parse(GRAPH), "ParseError", "graph 'g' is not closed"),
