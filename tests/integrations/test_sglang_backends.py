@@ -43,14 +43,17 @@ from tests.integrations.sglang_world import (
 
 MODES = ("decode", "idle", "target_verify", "draft_extend")
 SM = 6  # few SMs: the split heuristic's SM-count term varies over these small batches, so it is checked
-CASES = [("triton", 1), ("flashinfer", 1), ("flashattention", 1), ("flashattention", 16), ("flashattention", 64)]
+# (backend, page size, plan_on_device: FlashInfer without host indptrs)
+CASES = [("triton", 1, False), ("flashinfer", 1, False), ("flashinfer", 1, True), ("flashattention", 1, False),
+         ("flashattention", 16, False), ("flashattention", 64, False)]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{k}-p{p}" for k, p in CASES])
+@pytest.fixture(scope="module", params=CASES, ids=[f"{k}-p{p}{'-on-device' if o else ''}" for k, p, o in CASES])
 def compiled(request):
-    kind, P = request.param
+    kind, P, on_device = request.param
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=MODES, page_size=P,
-                          num_draft_tokens=D, num_heads=HEADS, num_kv_heads=KV_HEADS, sm_count=SM)
+                          num_draft_tokens=D, num_heads=HEADS, num_kv_heads=KV_HEADS, sm_count=SM,
+                          plan_on_device=on_device)
     return kind, compile_backend(kind, opts)
 
 
