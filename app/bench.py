@@ -140,9 +140,7 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
     import flashinfer
 
     # the same kernel choice as the compiled path's adapter (tensor cores for GQA >= 4, SGLang's rule)
-    from attnmeta.runtime.flashinfer_adapter import WORKSPACE_BYTES
-
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=dev),
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(_workspace(mode), dtype=torch.uint8, device=dev),
                                                       "NHD", use_tensor_cores=HEADS[0] // HEADS[1] >= 4)
     ones = torch.ones(max_bs, dtype=torch.int32)  # page size 1: every last page holds one token
 

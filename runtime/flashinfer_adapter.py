@@ -130,8 +130,7 @@ class FlashInferDecodeAdapter:
         w = self.wrapper(key)
         if indptr_host.shape[0] <= 1:  # no rows (a TBO child of a batch of one): nothing to plan or attend
             return w
-        if w.attnmeta_device is not None:  # planned on the GPU, after the metadata graph
-            self._hook(w.attnmeta_device)
+        if self._on_gpu(w):
             return w
         lean = w.attnmeta_lean
         if lean is not None:
@@ -157,8 +156,7 @@ class FlashInferDecodeAdapter:
         the GPU every step; where that cannot be (another FlashInfer, a check that fails), it is an error,
         as nothing on the host could plan a step."""
         w = self.wrapper(key)
-        if w.attnmeta_device is not None:  # every step after the first
-            self._hook(w.attnmeta_device)
+        if self._on_gpu(w):  # every step after the first: no synthetic indptr to build
             return w
         bs = last_page_len_host.shape[0]
         return self.plan(torch.arange(bs + 1, dtype=torch.int32), last_page_len_host, key, on_device=True)
@@ -177,6 +175,14 @@ class FlashInferDecodeAdapter:
             raise PlanError(f"the backend was compiled with plan_on_device, so no step has host indptrs to plan "
                             f"from, but {why}; compile without --plan-on-device (plan_on_device=False)")
         return w
+
+    def _on_gpu(self, w) -> bool:
+        """Whether ``w``'s partition is planned on the GPU, after the metadata graph (its hook then runs
+        in the binding being planned)."""
+        if w.attnmeta_device is None:
+            return False
+        self._hook(w.attnmeta_device)
+        return True
 
     def _hook(self, fn) -> None:
         hooks = self.backend.planning.after_in
@@ -257,8 +263,7 @@ class FlashInferDecodeAdapter:
         to bits in the recorded graph, after the metadata and before attention (``pack_mask``), so
         plan() is handed the packed buffer itself: its copy into that buffer is a no-op."""
         w = self.prefill_wrapper(key)
-        if w.attnmeta_device is not None:  # planned on the GPU, after the metadata graph
-            self._hook(w.attnmeta_device)
+        if self._on_gpu(w):
             return w
         bs = qo_indptr_host.shape[0] - 1
         if bs == 0:

@@ -104,15 +104,19 @@ def plan_on_device(layout: PlanLayout, kv_indptr: torch.Tensor, qo_indptr: torch
     """Write this step's partition into ``workspace`` (a wrapper's uint8 int workspace) from the
     device ``kv_indptr`` (pages) and, for the prefill planner, ``qo_indptr``. One program, static
     grid, no host read: recordable."""
-    L = layout
+    launch(_kernel_call(layout, kv_indptr, qo_indptr, workspace))
+
+
+def _kernel_call(L: PlanLayout, kv_indptr, qo_indptr, workspace):
+    """The kernel launch with every argument bound: the views and constants are made once."""
     block_r = triton.next_power_of_2(L.bs + 1)
-    qo = kv_indptr if qo_indptr is None else qo_indptr
-    launch(lambda: _plan[(1,)](
-        kv_indptr, qo, workspace.view(torch.int32), workspace, L.bs, L.limit, L.min_chunk, L.page_size, L.group,
-        L.cta_tile_q, L.padded, L.rows, L.request // 4, L.qo_tile // 4, L.kv_tile // 4, L.o_indptr // 4,
-        L.merge // 4, L.chunk // 4, L.total_rows // 4, L.valid, PREFILL=L.prefill, SPLIT=L.split,
-        HAS_VALID=L.valid >= 0, BLOCK_R=block_r, BLOCK_K=max(4, min(64, 4096 // block_r)), BLOCK_P=256,
-        num_warps=4 if block_r <= 256 else 8))
+    args = (kv_indptr, kv_indptr if qo_indptr is None else qo_indptr, workspace.view(torch.int32), workspace, L.bs,
+            L.limit, L.min_chunk, L.page_size, L.group, L.cta_tile_q, L.padded, L.rows, L.request // 4,
+            L.qo_tile // 4, L.kv_tile // 4, L.o_indptr // 4, L.merge // 4, L.chunk // 4, L.total_rows // 4, L.valid)
+    meta = dict(PREFILL=L.prefill, SPLIT=L.split, HAS_VALID=L.valid >= 0, BLOCK_R=block_r,
+                BLOCK_K=max(4, min(64, 4096 // block_r)), BLOCK_P=256, num_warps=4 if block_r <= 256 else 8)
+    kernel = _plan[(1,)]
+    return lambda: kernel(*args, **meta)
 
 
 @triton.jit
@@ -207,10 +211,11 @@ class DevicePlanner:
 
     def __init__(self, layout: PlanLayout, kv_indptr: torch.Tensor, qo_indptr: torch.Tensor | None,
                  workspace: torch.Tensor) -> None:
-        self.layout, self.kv_indptr, self.qo_indptr, self.workspace = layout, kv_indptr, qo_indptr, workspace
+        self.layout, self.workspace = layout, workspace
+        self._call = _kernel_call(layout, kv_indptr, qo_indptr, workspace)
 
     def __call__(self) -> None:
-        plan_on_device(self.layout, self.kv_indptr, self.qo_indptr, self.workspace)
+        launch(self._call)
 
 
 def live_regions(layout: PlanLayout, workspace: torch.Tensor) -> list[tuple[int, int]]:
