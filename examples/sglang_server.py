@@ -16,7 +16,7 @@ import sys
 
 from attnmeta.integrations.sglang import register
 
-BACKENDS = register()  # attnmeta_triton, attnmeta_flashinfer, attnmeta_flashattention
+BACKENDS = register()  # attnmeta_triton, attnmeta_flashinfer, attnmeta_flashattention, attnmeta_dsv4
 
 
 def main(argv=None) -> None:

@@ -4,9 +4,11 @@
 SGLang's DSV4 attention backend hands its compressors a ``CompressorDecodePlan`` (decode, idle) or
 a ``CompressorPrefillPlan`` (target verify) per ratio, and its c4 indexer the page table, the
 compressed lengths, the compressed page size and DeepGEMM's SM schedule. ``compress_metadata`` and
-``indexer_inputs`` build exactly those from attnmeta's fields. The attention metadata object
-itself (``DSV4AttnMetadata``) also carries FlashMLA's scheduler state, which only SGLang's GPU
-kernels build; a full DSV4 backend class is not provided.
+``indexer_inputs`` build exactly those from attnmeta's fields. ``forward_metadata`` builds the whole
+object SGLang's DSV4 attention reads per step (``DSV4Metadata``: the core ``DSV4AttnMetadata``, the
+c4 indexer's ``PagedIndexerMetadata`` and both compressor plans) over those same buffers; the GPU
+schedulers inside it (FlashMLA's and DeepGEMM's) are SGLang's own, created by SGLang's constructors
+as its backend creates them. ``DSV4Backend`` (``dsv4_backend.py``) serves it to SGLang.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import torch
 from attnmeta.backends.dsv4 import PAGE
 from attnmeta.backends.dsv4_indexer import PAGE as INDEX_PAGE
 from attnmeta.compiler.ir.errors import UserError
+from attnmeta.compiler.modes import ForwardMode
+
+RATIOS = (4, 128)  # DeepSeek-V4's compression ratios, the ones the dsv4 spec plans
 
 
 def compress_metadata(meta, ratio: int):
@@ -39,3 +44,41 @@ def indexer_inputs(meta) -> dict:
     each query's compressed length, and DeepGEMM's SM schedule over those lengths."""
     return {"page_table": meta.page_table, "page_size": PAGE, "compressed_page_size": INDEX_PAGE,
             "compressed_seq_lens": meta.c4_topk_lengths_raw, "schedule": meta.c4_indexer_schedule}
+
+
+def forward_metadata(meta, mode: ForwardMode, *, index_topk: int, use_topk_v2: bool = False):
+    """SGLang's ``DSV4Metadata`` for one step of ``mode``, over the compiled backend's metadata ``meta``.
+
+    Every tensor is a view of a compiled buffer (a captured graph writes them; nothing is copied).
+    The fields and their widths are those SGLang's ``make_core_attn_metadata`` produces: decode,
+    idle and target verify with the compression fields, the c4 sparse buffers, the indexer and the
+    compressor plans; draft extend SWA only, with SGLang's one-page placeholder page table and no
+    indexer. The scheduler objects (``c*_flashmla_metadata``, the indexer's DeepGEMM schedule and
+    top-k plan) come from SGLang's own constructors: on a GPU they are computed where this is called,
+    so call it where SGLang builds its metadata (inside the captured region, for a graph).
+    """
+    import sglang.srt.layers.attention.deepseek_v4_backend as sgl
+    from sglang.srt.layers.attention.dsv4.metadata import PagedIndexerMetadata
+
+    swa_only = mode.is_draft_extend()
+    table = meta.page_table[:, :1] if swa_only else meta.page_table
+    core = sgl.DSV4AttnMetadata(
+        page_size=PAGE, page_table=table, raw_out_loc=meta.raw_out_loc,
+        cuda_int32_kwargs={"device": meta.page_table.device, "dtype": torch.int32},
+        seq_lens_casual=meta.seq_lens_casual, positions_casual=meta.positions,
+        swa_page_indices=meta.swa_page_indices, swa_topk_lengths=meta.swa_topk_lengths, index_topk=index_topk,
+        present_ratios=RATIOS, swa_out_cache_loc=meta.swa_out_cache_loc)
+    core.c0_flashmla_metadata = sgl._create_flashmla_metadata()
+    if swa_only:  # SGLang's need_compress=False: no compressed fields, no c4/c128 schedulers
+        core.c4_sparse_topk_lengths = core.c4_sparse_page_indices = None
+        core.c4_flashmla_metadata = core.c128_flashmla_metadata = None
+        return sgl.DSV4Metadata(core_attn_metadata=core, indexer_metadata=None)
+    for name in ("c4_out_loc", "c4_topk_lengths_raw", "c4_topk_lengths_clamp1", "c4_sparse_topk_lengths",
+                 "c4_sparse_page_indices", "c128_out_loc", "c128_page_indices", "c128_topk_lengths_clamp1"):
+        setattr(core, name, getattr(meta, name))
+    core.c4_flashmla_metadata = sgl._create_flashmla_metadata()
+    core.c128_flashmla_metadata = sgl._create_flashmla_metadata()
+    indexer = PagedIndexerMetadata(page_size=PAGE, compressed_page_size=INDEX_PAGE, page_table=meta.page_table,
+                                   compressed_seq_lens=meta.c4_topk_lengths_raw, use_topk_v2=use_topk_v2)
+    return sgl.DSV4Metadata(core, indexer, c4_compress_metadata=compress_metadata(meta, 4),
+                            c128_compress_metadata=compress_metadata(meta, 128))

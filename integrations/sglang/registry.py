@@ -1,8 +1,9 @@
 """Plugging the backends into SGLang's attention-backend registry.
 
-``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer`` and ``attnmeta_flashattention`` to
-SGLang's registry and to the names its ``--attention-backend`` accepts. SGLang then builds them
-from its ``ModelRunner`` as it builds its own: the compile options come from the server arguments
+``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer``, ``attnmeta_flashattention`` and
+``attnmeta_dsv4`` (SGLang's DeepSeek-V4 backend, its captured-mode metadata compiled) to SGLang's
+registry and to the names its ``--attention-backend`` accepts. SGLang then builds them from its
+``ModelRunner`` as it builds its own: the compile options come from the server arguments
 and the model config, or, with ``ATTNMETA_ARTIFACT=path`` (an artifact written by ``attnmeta compile
 ... --out path``), from the artifact, loaded without compiling.
 """
@@ -18,11 +19,15 @@ from .backend import KINDS
 
 def factory(kind: str, artifact: str | None = None):
     """SGLang's factory signature: ``create(model_runner) -> AttentionBackend``."""
-    cls = KINDS[kind]
 
     def create(runner):
         path = artifact or os.environ.get("ATTNMETA_ARTIFACT")
-        return cls.from_runner(runner, compiled=load_compiled(path) if path else None)
+        compiled = load_compiled(path) if path else None
+        if kind == "dsv4":  # SGLang's own DSV4 backend class: built as SGLang builds it, then bound
+            from .dsv4_backend import DSV4Backend
+
+            return DSV4Backend(runner, compiled=compiled)
+        return KINDS[kind].from_runner(runner, compiled=compiled)
 
     create.__name__ = f"create_attnmeta_{kind}_backend"
     return create
@@ -34,7 +39,7 @@ def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
     names = []
-    for kind in KINDS:
+    for kind in (*KINDS, "dsv4"):
         name = prefix + kind
         register_attention_backend(name)(factory(kind, artifact))
         for table in (choices.ATTENTION_BACKEND_CHOICES,):

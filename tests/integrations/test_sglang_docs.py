@@ -31,6 +31,6 @@ def test_the_launcher_registers_the_backends():
     spec = importlib.util.spec_from_file_location("sglang_server", os.path.join(ROOT, "examples", "sglang_server.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.BACKENDS == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_flashattention"]
+    assert mod.BACKENDS == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_flashattention", "attnmeta_dsv4"]
     assert all(n in ATTENTION_BACKENDS for n in mod.BACKENDS)
     assert callable(mod.main)

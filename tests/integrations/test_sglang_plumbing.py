@@ -63,7 +63,7 @@ def test_compile_options_follow_server_args():
 
 def test_registry_builds_backends_from_a_model_runner():
     names = register()
-    assert names == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_flashattention"]
+    assert names == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_flashattention", "attnmeta_dsv4"]
     for n in names:
         assert n in ATTENTION_BACKENDS and n in ATTENTION_BACKEND_CHOICES
     pool = make_pool(seed=1)

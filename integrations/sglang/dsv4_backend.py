@@ -1,0 +1,156 @@
+"""SGLang's DeepSeek-V4 attention backend with its captured-mode metadata compiled by attnmeta.
+
+``DSV4Backend`` subclasses SGLang's ``DeepseekV4AttnBackend``: attention, KV stores, compressors,
+indexers and every prefill/extend path stay SGLang's. Decode, idle, target verify and draft extend
+V2 (the modes SGLang captures for DSV4) take their metadata from a compiled ``dsv4`` backend instead
+of SGLang's raw-metadata upgrade: out_graph stages the batch (checked: a bad length, row or size is
+a ``BatchError`` naming it), in_graph is the one recorded kernel, and ``forward_metadata`` is SGLang's
+own ``DSV4Metadata`` over the compiled buffers (``dsv4.forward_metadata``), built where SGLang builds
+it, so its FlashMLA and DeepGEMM schedulers are recorded in the same graph.
+
+Features attnmeta's ``dsv4`` spec does not plan are refused when the backend is built, naming each
+(use SGLang's ``dsv4`` backend for them): DeepSeek-V4.1's c1/c2 ratios, a request window or SWA
+request ring, DSpark, online c128 MTP, trtllm-gen attention, context parallelism, the unified c4
+request ring, and multi-step draft decode.
+"""
+
+from __future__ import annotations
+
+from attnmeta.compiler import compile_backend
+from attnmeta.compiler.ir.errors import ContractError, OptionsError
+
+from .batch import MODES, BatchView
+from .dsv4 import RATIOS, forward_metadata
+from .options import compile_options
+
+try:
+    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend as _SGLangDSV4
+except ImportError as e:  # the optional extra: say so once, at import
+    raise ImportError(f"attnmeta.integrations.sglang.dsv4_backend needs SGLang ({e}); "
+                      "pip install 'attnmeta[sglang]'") from e
+
+SERVED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
+
+
+def unserved(b) -> list[str]:
+    """What of SGLang backend ``b``'s configuration the compiled metadata does not plan."""
+    pool, why = b.token_to_kv_pool, []
+    checks = ((tuple(b.present_ratios) != RATIOS, f"compression ratios {tuple(b.present_ratios)} (plans {RATIOS})"),
+              (bool(getattr(b, "low_ratios", ())), "DeepSeek-V4.1's c1/c2 ratios"),
+              (getattr(pool, "request_window", None) is not None, "a request window"),
+              (getattr(pool, "swa_req_ring_size", None) is not None, "an SWA request ring"),
+              (bool(getattr(pool, "_unified_kv", False)), "the unified c4 request ring"),
+              (bool(getattr(b, "is_dspark_draft", False)), "DSpark drafting"),
+              (bool(getattr(b, "trtllm_attn", False)), "trtllm-gen attention"),
+              (getattr(b, "is_draft_runner", False) and (b.speculative_num_steps or 0) > 1,
+               "multi-step draft decode (one out_cache_loc shared by the steps)"))
+    why += [name for bad, name in checks if bad]
+    mtp = getattr(b, "online_c128_mtp", None)
+    if mtp is not None and mtp.enabled():
+        why.append("online c128 MTP")
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        if get_parallel().attn_cp_size != 1:
+            why.append("context parallelism")
+    except Exception:  # noqa: BLE001 - no parallel state published: a single process, no CP
+        pass
+    return why
+
+
+def dsv4_options(b, **overrides):
+    """The compile options SGLang's DSV4 backend ``b`` implies: its server's capture sizes and
+    speculative settings, the request table's width as the context, the model's ``index_topk``."""
+    runner = b.model_runner
+    modes = ("decode", "idle", "target_verify", "draft_extend") if b.mtp_enabled else ("decode", "idle")
+    wanted = dict(max_context_len=b.req_to_token.shape[1], index_topk=b.index_topk, modes=modes)
+    if b.mtp_enabled:
+        wanted["num_draft_tokens"] = b.speculative_num_draft_tokens
+    return compile_options(runner.server_args, None, **(wanted | overrides))
+
+
+class DSV4Backend(_SGLangDSV4):
+    """SGLang's DSV4 backend; decode, idle, target verify and draft extend V2 metadata compiled."""
+
+    def __init__(self, model_runner, *args, compiled=None, **kwargs):
+        super().__init__(model_runner, *args, **kwargs)
+        self.bind_attnmeta(compiled if compiled is not None else compile_backend("dsv4", dsv4_options(self)))
+
+    def bind_attnmeta(self, compiled) -> None:
+        """Serve the captured modes from ``compiled`` (a ``dsv4`` backend) over this backend's request
+        table and full->SWA slot map. Refuses what the spec does not plan, and options that do not
+        match SGLang's (context, ``index_topk``, draft tokens), naming each."""
+        if compiled.spec.name != "dsv4":
+            raise OptionsError(f"DSV4Backend serves attnmeta's 'dsv4' spec; got {compiled.spec.name!r}")
+        bad = unserved(self)
+        if bad:
+            raise OptionsError("attnmeta's dsv4 metadata does not plan " + ", ".join(bad) +
+                               "; serve this configuration with SGLang's own dsv4 attention backend")
+        o, width = compiled.options, self.req_to_token.shape[1]
+        mismatch = [f"{n}: compiled {have}, SGLang {want}" for n, have, want in (
+            ("max_context_len", o.max_context_len, width), ("index_topk", o.index_topk, self.index_topk),
+            ("num_draft_tokens", o.num_draft_tokens if self.mtp_enabled else None,
+             self.speculative_num_draft_tokens if self.mtp_enabled else None)) if have != want]
+        if mismatch:  # the page table's width, the sparse buffers' and the verify rows follow from these
+            raise OptionsError("the compiled dsv4 backend does not match SGLang's (" + "; ".join(mismatch) +
+                               "); compile it with dsv4_options(backend)")
+        pools = {"full_to_swa": self.token_to_kv_pool.full_to_swa_index_mapping.detach()}
+        self.attnmeta = compiled.instantiate(self.req_to_token, device=self.device, pools=pools)
+        self._view = BatchView()
+        self._captured: dict[tuple, object] = {}  # (mode, bs) -> the DSV4Metadata its graph recorded
+
+    def _topk_v2(self) -> bool:
+        backend = getattr(self, "dsa_topk_backend", None)
+        return bool(backend is not None and backend.should_use_topk_v2())
+
+    def _build(self):
+        v = self._view
+        return forward_metadata(self.attnmeta.forward_metadata, v.forward_mode, index_topk=self.index_topk,
+                                use_topk_v2=self._topk_v2())
+
+    @staticmethod
+    def _served(forward_batch) -> bool:
+        mode = MODES.get(getattr(forward_batch.forward_mode, "name", None))
+        return mode in SERVED
+
+    # --- SGLang's graph-runner hooks ---
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        if max_bs > self.attnmeta.max_bs:
+            raise OptionsError(f"SGLang captures batches up to {max_bs} but the dsv4 backend was compiled for "
+                               f"max_bs={self.attnmeta.max_bs}; compile with max_bs >= {max_bs}")
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1  # SGLang's DSV4 fill; attnmeta pads the rows it stages itself, whatever the engine fills
+
+    # --- the contract ---
+    def init_forward_metadata(self, forward_batch) -> None:
+        if not self._served(forward_batch):
+            return super().init_forward_metadata(forward_batch)
+        self.attnmeta.init_forward_metadata(self._view.fill(forward_batch))
+        self.forward_metadata = self._build()  # fresh: FlashMLA's scheduler state is per step eagerly
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if not self._served(forward_batch):
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        v = self._view.fill(forward_batch)
+        self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
+        if in_capture:  # SGLang's warmup hook restores a raw metadata its own capture left; there is none
+            self._current_capture_raw = None
+        else:  # replay: the metadata object its graph recorded, over the same buffers
+            key = (v.forward_mode, v.batch_size)
+            if key not in self._captured:
+                raise ContractError(f"no graph captured {v.forward_mode.name} at batch size {v.batch_size} "
+                                    "through this backend; capture it (init_forward_metadata_in_graph inside "
+                                    "the capture) before replaying it")
+            self.forward_metadata = self._captured[key]
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        if not self._served(forward_batch):
+            return super().init_forward_metadata_in_graph(forward_batch)
+        if self._view.source is not forward_batch:
+            raise ContractError("init_forward_metadata_in_graph got another batch than the last "
+                                "init_forward_metadata_out_graph; call them in pairs on the same batch")
+        self.attnmeta.init_forward_metadata_in_graph(self._view)
+        v = self._view
+        self.forward_metadata = self._captured[(v.forward_mode, v.batch_size)] = self._build()
