@@ -75,8 +75,8 @@ def cmd_compile(a) -> int:
         raise OptionsError(f"--dump-bs takes batch sizes or 'all', got {a.dump_bs}") from None
     opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
-                          index_topk=a.index_topk, sm_count=a.sm_count, num_heads=a.num_heads,
-                          num_kv_heads=a.num_kv_heads, modes=a.modes, capture_sizes=sizes,
+                          index_topk=a.index_topk, compress_ratios=tuple(a.compress_ratios), sm_count=a.sm_count,
+                          num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, modes=a.modes, capture_sizes=sizes,
                           plan_on_device=a.plan_on_device,
                           dump_dir=writable_dir(dump) if dump else None,
                           dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
@@ -251,6 +251,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
     c.add_argument("--index-topk", type=int, default=512, choices=[512, 1024],
                    help="dsv4: compressed entries the indexer selects per query (the model's index_topk)")
+    c.add_argument("--compress-ratios", type=int, nargs="*", default=[4, 128], metavar="R",
+                   help="dsv4: the compression ratios the model's KV pool has, of 4 and 128 (none: SWA only)")
     c.add_argument("--plan-on-device", action="store_true",
                    help="flashinfer specs: no host indptrs; the split-KV partition is planned on the GPU every step "
                         "(FlashInferDecodeAdapter's device planner, FlashInfer 0.6)")

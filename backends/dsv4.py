@@ -19,8 +19,10 @@ page table, which no draft-extend kernel reads, keeps the full width (SGLang pas
 one-page placeholder; a narrower table is what check-split's buffer-capacity rule refuses).
 
 Page size 256 (two 128-token compressed slots per page), SWA window 128, c4 and c128
-compression, the indexer's top-k ``index_topk`` (512 or 1024, a compile option). Widths
-of the index tables the sparse kernels read are padded to a multiple of 64 with -1.
+compression (``compress_ratios``, a compile option: the ratios the model's pool has; SGLang builds
+nothing for a ratio outside them, and neither does this spec), the indexer's top-k
+``index_topk`` (512 or 1024, a compile option). Widths of the index tables the sparse kernels
+read are padded to a multiple of 64 with -1.
 Lengths handed to the attention kernel are clamped to at least 1 (``*_clamp1``): an
 empty compressed history is one masked entry for the kernel.
 """
@@ -41,9 +43,10 @@ C128_WIDTH = f"{ALIGN}*ceiling(2*{PAGES}/{ALIGN})"  # two c128 slots per page, p
 
 
 def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: str, topk: int,
-            compress: bool = True) -> dict:
+            ratios: tuple[int, ...]) -> dict:
     """raw -> full for ``rows`` query tokens of causal lengths ``seq`` (pool rows ``rpi``, KV
-    slots ``out_loc``). Without ``compress`` (draft extend) only the SWA fields and the page table."""
+    slots ``out_loc``), with the compressed fields of each of ``ratios`` (none in draft extend:
+    only the SWA fields and the page table)."""
     full = {"seq_lens_casual": b.copy(seq), "raw_out_loc": b.copy(out_loc)}
     pos = b.ewise("sub", seq, 1)
     full["positions"] = pos
@@ -53,14 +56,23 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     full["swa_page_indices"] = b.where(b.compare("ge", tok, 0), swa, -1)
     full["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc)
     full["page_table"] = b.page_table(req_to_token, rpi, seq, page_size=PAGE, width=PAGES)
-    if not compress:
-        return full
-    raw = {r: b.ewise("floordiv", seq, r) for r in (4, 128)}  # completed compressed blocks
-    full["c4_topk_lengths_raw"] = raw[4]
-    for r in (4, 128):
+    raw = {r: b.ewise("floordiv", seq, r) for r in ratios}  # completed compressed blocks
+    for r in ratios:
+        if r == 4:
+            full["c4_topk_lengths_raw"] = raw[4]
         full[f"c{r}_topk_lengths_clamp1"] = b.ewise("max", raw[r], 1)
         aligned = b.compare("eq", b.ewise("mod", seq, r), 0)  # this token completes a compressed block
         full[f"c{r}_out_loc"] = b.where(aligned, b.ewise("floordiv", out_loc, r), 0)
+    if 128 in ratios:
+        full["c128_page_indices"] = _c128_pages(b, raw[128], rpi, req_to_token, rows)
+    if 4 in ratios:
+        full["c4_sparse_topk_lengths"] = b.clamp(raw[4], 1, topk)
+        full["c4_sparse_page_indices"] = b.full(-1, [rows, topk], I32)  # filled per layer by the indexer's top-k
+    return full
+
+
+def _c128_pages(b: SpecBuilder, blocks, rpi, req_to_token, rows: str):
+    """Each token's compressed c128 slots: slot j is half j % 2 of page j // 2, -1 from ``blocks`` on."""
     j = b.arange(C128_WIDTH)  # compressed c128 slot j of a token: page j // 2, half j % 2
     zeros = b.full(0, [rows], I32)
     # page j // 2 as the page table holds it (its first token's slot // P), read from the pool rather
@@ -68,17 +80,14 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     first = b.outer("add", zeros, b.ewise("mul", b.ewise("floordiv", j, 2), PAGE))
     pages = b.ewise("floordiv", b.gather_rows(req_to_token, rpi, first), PAGE)
     slots = b.ewise("add", b.ewise("mul", pages, 2), b.outer("add", zeros, b.ewise("mod", j, 2)))
-    full["c128_page_indices"] = b.where(b.outer("gt", raw[128], j), slots, -1)
-    full["c4_sparse_topk_lengths"] = b.clamp(raw[4], 1, topk)
-    full["c4_sparse_page_indices"] = b.full(-1, [rows, topk], I32)  # filled per layer by the indexer's top-k
-    return full
+    return b.where(b.outer("gt", blocks, j), slots, -1)
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"dsv4.{mode.name.lower()}")
     seq, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
-    topk = options.index_topk
+    topk, ratios = options.index_topk, options.compress_ratios
     spec = speculative(options.modes)
     if mode.is_draft_extend():  # V2: T tokens per request, token t at causal length seq - T + 1 + t
         T = options.num_draft_tokens
@@ -86,25 +95,27 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         with b.out_graph(movable=True):
             own, t = sub_rows(b, T)
             seq_tok = b.ewise("add", b.ewise("sub", b.lookup(seq, own), T - 1), t)
-            full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{T}*bs", topk,
-                           compress=False)
+            full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{T}*bs", topk, ())
     elif mode.is_target_verify():  # D query tokens per request: token j of request b sees seq_b + 1 + j keys
         D = options.num_draft_tokens
         out_loc = b.input("out_cache_loc", I64, [f"{D}*bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
             own, t = sub_rows(b, D)
             seq_tok = b.ewise("add", b.ewise("add", b.lookup(seq, own), 1), t)
-            full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs", topk)
-            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, spec, options.max_bs)
-            full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
-                                                           options.max_bs * D)
+            full = upgrade(b, seq_tok, b.lookup(rpi, own), out_loc, req_to_token, full_to_swa, f"{D}*bs", topk,
+                           ratios)
+            full |= verify_plans(b, D, own, t, seq, rpi, req_to_token, full_to_swa, spec, options.max_bs, ratios)
+            if 4 in ratios:
+                full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
+                                                               options.max_bs * D)
     else:
         out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
         with b.out_graph(movable=True):
-            full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs", topk)
-            full |= decode_plans(b, seq, full["positions"], rpi, req_to_token, full_to_swa, spec)
-            full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
-                                                           options.max_bs)
+            full = upgrade(b, seq, rpi, out_loc, req_to_token, full_to_swa, "bs", topk, ratios)
+            full |= decode_plans(b, seq, full["positions"], rpi, req_to_token, full_to_swa, spec, ratios)
+            if 4 in ratios:
+                full["c4_indexer_schedule"] = indexer_schedule(b, full["c4_topk_lengths_raw"], options.sm_count,
+                                                               options.max_bs)
     b.outputs(**full)
     return b.build()
 

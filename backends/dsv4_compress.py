@@ -77,11 +77,11 @@ class _Ring:
 
 
 def decode_plans(b: SpecBuilder, seq: V, p1: V, rpi: V, req_to_token: V, full_to_swa: V,
-                 speculative: bool) -> dict:
-    """``c4_plan_d`` and ``c128_plan_d`` for one token per request at position ``p1`` = seq - 1."""
+                 speculative: bool, ratios: tuple[int, ...] = (4, 128)) -> dict:
+    """``c{r}_plan_d`` of each of ``ratios`` for one token per request at position ``p1`` = seq - 1."""
     kk, rid, P1, first = _col(b, "bs", 4), b.cast(rpi, I32), _bc(b, p1, 4), _bc(b, seq, 4)
     out = {}
-    for r in (4, 128):
+    for r in ratios:
         loc = _Ring(b, r, ring_size(r, speculative), rid, req_to_token, full_to_swa).pages(kk, p1, P1)
         words = b.where(b.compare("eq", kk, 1), loc, b.ewise("floordiv", loc, r))
         out[f"c{r}_plan_d"] = b.where(b.compare("eq", kk, 0), first, words)
@@ -115,9 +115,11 @@ def _compact(b: SpecBuilder, n: str, keep: list[V], rows: list[V], invalid: list
 
 
 def verify_plans(b: SpecBuilder, D: int, own: V, j: V, seq: V, rpi: V, req_to_token: V, full_to_swa: V,
-                 speculative: bool, max_bs: int) -> dict:
-    """``c{r}_plan_c`` / ``c{r}_plan_w`` for D query tokens per request at positions seq .. seq + D - 1
-    (token z = request own[z], index j[z]), the planner's uniform-extend path."""
+                 speculative: bool, max_bs: int, ratios: tuple[int, ...] = (4, 128)) -> dict:
+    """``c{r}_plan_c`` / ``c{r}_plan_w`` of each of ``ratios`` for D query tokens per request at
+    positions seq .. seq + D - 1 (token z = request own[z], index j[z]), the planner's uniform-extend path."""
+    if not ratios:
+        return {}
     n = f"{D}*bs"
     seq_r, rid = b.lookup(seq, own), b.cast(b.lookup(rpi, own), I32)
     pos = b.ewise("add", seq_r, j)
@@ -125,7 +127,7 @@ def verify_plans(b: SpecBuilder, D: int, own: V, j: V, seq: V, rpi: V, req_to_to
     k, kk, kw = b.arange(n), _col(b, n, 4), _col(b, n, 2)
     P, P2, head = _bc(b, pos, 4), _bc(b, pos, 2), _bc(b, b.ewise("add", pos, 1), 4)
     keep, rows, names = [], [], []
-    for r in (4, 128):
+    for r in ratios:
         size = ring_size(r, speculative)
         ring = _Ring(b, r, size, rid, req_to_token, full_to_swa)
         w = window(r)
@@ -146,5 +148,5 @@ def verify_plans(b: SpecBuilder, D: int, own: V, j: V, seq: V, rpi: V, req_to_to
         keep.append(kept)
         rows.append(b.where(b.compare("eq", kw, 0), _bc(b, k, 2), ring.loc(P2)))
         names += [f"c{r}_plan_c", f"c{r}_plan_w"]
-    invalid = [(-1, 0, -1, -1), (-1, -1)] * 2
+    invalid = [(-1, 0, -1, -1), (-1, -1)] * len(ratios)
     return dict(zip(names, _compact(b, n, keep, rows, invalid, max_bs * D), strict=True))

@@ -38,6 +38,8 @@ class CompileOptions:
     topk: int = 1
     num_steps: int = 3
     index_topk: int = 512  # DSV4: compressed entries the indexer selects per query (the model's index_topk)
+    # DSV4: the compression ratios the model's KV pool has (SGLang's present_ratios); fields of the others are not built
+    compress_ratios: tuple[int, ...] = attrs.field(default=(4, 128), converter=_sizes)
     # FlashInfer specs: the split-KV partition is planned on the GPU every step (FlashInferDecodeAdapter's
     # device planner), so out_graph computes no host indptrs for plan(): no host op per step
     plan_on_device: bool = False
@@ -77,6 +79,9 @@ class CompileOptions:
         if self.index_topk not in (512, 1024):  # what DeepSeek-V4's sparse kernels are built for
             raise OptionsError(f"index_topk must be 512 or 1024 (the model config's index_topk), "
                                f"got {self.index_topk!r} (--index-topk)")
+        if not set(self.compress_ratios) <= {4, 128}:  # DeepSeek-V4.1's c1/c2 are not planned
+            raise OptionsError(f"compress_ratios must be drawn from 4 and 128 (DeepSeek-V4's ratios), got "
+                               f"{list(self.compress_ratios)} (--compress-ratios)")
 
     @property
     def sizes(self) -> tuple[int, ...]:

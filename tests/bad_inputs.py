@@ -136,6 +136,8 @@ CASES = [
          "OptionsError", "num_heads=12 is not a multiple of num_kv_heads=8"),
     Case("a DSV4 `index_topk` its kernels are not built for", lambda: _options(index_topk=300), "OptionsError",
          "index_topk must be 512 or 1024"),
+    Case("a DSV4 compression ratio it does not plan (V4.1's c1/c2)", lambda: _options(compress_ratios=(2, 4)),
+         "OptionsError", "compress_ratios must be drawn from 4 and 128"),
     Case("`--disable-pass` with an unknown pass", lambda: _compiled("triton", disabled_passes=("fusee",)),
          "OptionsError", "--disable-pass fusee: no such pass"),
     Case("`--disable-pass check-split` without `--force`",

@@ -80,8 +80,7 @@ def _twin(name: str, pool, opts: CompileOptions, pools):
         return cls(pool, opts.max_bs, opts.page_size, num_steps=S)
     if inner == "dsv4":
         return cls(pool, opts.max_bs, pools["full_to_swa"], draft_tokens=D, index_topk=opts.index_topk,
-                   sm_count=opts.sm_count,
-                   speculative=speculative(opts.modes))
+                   sm_count=opts.sm_count, speculative=speculative(opts.modes), ratios=opts.compress_ratios)
     return cls(pool, opts.max_bs, draft_tokens=D)
 
 

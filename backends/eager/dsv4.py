@@ -22,9 +22,11 @@ def pad_to_64(x: torch.Tensor) -> torch.Tensor:
 
 class EagerDSV4Decode:
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, full_to_swa: torch.Tensor | None = None,
-                 draft_tokens: int = 4, index_topk: int = 512, speculative: bool = False, sm_count: int = 132):
+                 draft_tokens: int = 4, index_topk: int = 512, speculative: bool = False, sm_count: int = 132,
+                 ratios: tuple[int, ...] = (4, 128)):
         self.req_to_token, self.D, self.topk, self.sm_count = req_to_token, draft_tokens, index_topk, sm_count
-        self.rings = {r: ring_size(r, speculative) for r in (4, 128)}
+        self.ratios = ratios  # the pool's compression ratios: no field of another ratio is built
+        self.rings = {r: ring_size(r, speculative) for r in ratios}
         slots = int(req_to_token.max()) + 1
         self.full_to_swa = full_to_swa if full_to_swa is not None else swa_table(slots, req_to_token.device)
 
@@ -40,7 +42,8 @@ class EagerDSV4Decode:
         m = self.upgrade(seq, rpi, loc)
         if fb.forward_mode.is_draft_extend():  # SWA only, no compression
             return SimpleNamespace(**{k: getattr(m, k) for k in SWA_FIELDS})
-        m.c4_indexer_schedule = self.indexer_schedule(m.c4_topk_lengths_raw)
+        if 4 in self.ratios:
+            m.c4_indexer_schedule = self.indexer_schedule(m.c4_topk_lengths_raw)
         for r, ring in self.rings.items():
             if fb.forward_mode.is_target_verify():
                 c, w = self.verify_plan(seq - 1, rpi, r, ring)
@@ -111,15 +114,17 @@ class EagerDSV4Decode:
         m = SimpleNamespace(positions=pos, seq_lens_casual=seq, raw_out_loc=loc,
                             swa_topk_lengths=seq.clamp(max=SWA), swa_page_indices=pad_to_64(swa.int()),
                             swa_out_cache_loc=self.full_to_swa[loc.long()], page_table=page_table.int())
-        for r in (4, 128):
+        for r in self.ratios:
             setattr(m, f"c{r}_topk_lengths_clamp1", (seq // r).clamp(min=1))
             setattr(m, f"c{r}_out_loc", torch.where(seq % r == 0, loc // r, 0))
-        m.c4_topk_lengths_raw = seq // 4
-        j = torch.arange(2 * n_pages, device=seq.device)
-        slots = page_table[:, j // 2] * 2 + j % 2
-        m.c128_page_indices = pad_to_64(torch.where(j < (seq // 128)[:, None], slots, -1).int())
-        m.c4_sparse_topk_lengths = m.c4_topk_lengths_clamp1.clamp(max=self.topk)
-        m.c4_sparse_page_indices = torch.full((tokens, self.topk), -1, dtype=torch.int32, device=seq.device)
+        if 128 in self.ratios:
+            j = torch.arange(2 * n_pages, device=seq.device)
+            slots = page_table[:, j // 2] * 2 + j % 2
+            m.c128_page_indices = pad_to_64(torch.where(j < (seq // 128)[:, None], slots, -1).int())
+        if 4 in self.ratios:
+            m.c4_topk_lengths_raw = seq // 4
+            m.c4_sparse_topk_lengths = m.c4_topk_lengths_clamp1.clamp(max=self.topk)
+            m.c4_sparse_page_indices = torch.full((tokens, self.topk), -1, dtype=torch.int32, device=seq.device)
         return m
 
 

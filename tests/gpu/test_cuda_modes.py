@@ -16,21 +16,23 @@ L, ROWS, MAX_BS, D = 1024, 40, 32, 4
 V, DEC, E = ForwardMode.TARGET_VERIFY, ForwardMode.DECODE, ForwardMode.DRAFT_EXTEND
 
 
-CASES = [("dsv4", DEC), ("dsv4", V), ("dsv4", E), ("flashinfer", V), ("triton", V), ("flashattention", V),
-         ("flashinfer", E), ("triton", E), ("flashattention", E)]
+BOTH = (4, 128)  # DSV4's compression ratios; a pool with one of them gets only its fields
+CASES = [("dsv4", DEC, BOTH), ("dsv4", V, BOTH), ("dsv4", E, BOTH), ("dsv4", DEC, (128,)), ("dsv4", V, (4,)),
+         ("flashinfer", V, BOTH), ("triton", V, BOTH), ("flashattention", V, BOTH), ("flashinfer", E, BOTH),
+         ("triton", E, BOTH), ("flashattention", E, BOTH)]
 
 
-@pytest.mark.parametrize("name,mode", CASES)
-def test_capture_replay_on_cuda(name, mode):
+@pytest.mark.parametrize("name,mode,ratios", CASES)
+def test_capture_replay_on_cuda(name, mode, ratios):
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=1, device=dev)
     cb = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=(8, 32), max_context_len=L,
-                                              num_draft_tokens=D, modes=(mode.name.lower(),)))
+                                              num_draft_tokens=D, modes=(mode.name.lower(),), compress_ratios=ratios))
     extra = {"full_to_swa": swa_table(ROWS * L + 1, dev)} if name == "dsv4" else {}
     be = cb.instantiate(pool, device=dev, pools=extra)
     cls = get_eager(name)
-    twin = (cls(pool, MAX_BS, extra["full_to_swa"], draft_tokens=D, speculative=mode is not DEC) if name == "dsv4"
-            else cls(pool, MAX_BS, draft_tokens=D))  # compiled for verify or draft extend: the speculative rings
+    twin = (cls(pool, MAX_BS, extra["full_to_swa"], draft_tokens=D, speculative=mode is not DEC, ratios=ratios)
+            if name == "dsv4" else cls(pool, MAX_BS, draft_tokens=D))  # verify/draft extend: the speculative rings
     per = D if name == "dsv4" and mode is not DEC else 1  # DSV4 verify/draft extend: a KV slot per token
     for bs in (32, 8):
         cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
@@ -59,8 +61,10 @@ def test_capture_replay_on_cuda(name, mode):
                 lens = (full.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)
             elif per > 1:  # draft extend (SGLang's V2 layout): the last D positions, seq - D + 1 .. seq
                 lens = (full.seq_lens_cpu[:, None] - D + 1 + torch.arange(D)).reshape(-1)
-            assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), lens,
-                                  256 if name == "dsv4" else 1)
+            ref = twin.init_forward_metadata(full)
+            assert_metadata_equal(be.forward_metadata, ref, lens, 256 if name == "dsv4" else 1)
+            if name == "dsv4":  # nothing of a ratio the pool lacks, everything of the others
+                assert set(vars(be.forward_metadata)) == set(vars(ref))
 
 
 @pytest.mark.parametrize("inner", ["flashinfer", "triton"])

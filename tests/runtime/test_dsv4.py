@@ -155,3 +155,25 @@ def test_draft_extend_is_swa_only_and_matches_the_twin():
     assert be.forward_metadata.positions[T:2 * T].tolist() == [s1 - 3, s1 - 2, s1 - 1]  # by hand, T = 3
     assert be.forward_metadata.seq_lens_casual[:T].tolist() == [-1, 0, 1]  # the request of length 1
     assert be.forward_metadata.swa_page_indices[:2].eq(-1).all()  # tokens at lengths <= 0 read nothing
+
+
+@pytest.mark.parametrize("ratios", [(4,), (128,), ()], ids=["c4", "c128", "none"])
+def test_fewer_ratios_match_the_twin_field_for_field(ratios):
+    """A pool with fewer compression ratios: the compiled backend and the twin build the same set of
+    fields (plans included), equal, in decode and verify, with the rings of speculative decoding."""
+    D, bs = 3, 3
+    opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(bs,), max_context_len=L, num_draft_tokens=D,
+                          compress_ratios=ratios, modes=("decode", "target_verify"))
+    pool = make_pool(ROWS, L, seed=5)
+    f2s = swa_table(ROWS * L + 1, "cpu")
+    be = compile_backend("dsv4", opts).instantiate(pool, pools={"full_to_swa": f2s})
+    twin = EagerDSV4Decode(pool, MAX_BS, f2s, draft_tokens=D, speculative=True, ratios=ratios)
+    for mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
+        fb = make_batch(bs, L, ROWS, seed=6, max_len=L - D, mode=mode)
+        per = D if mode is ForwardMode.TARGET_VERIFY else 1
+        fb.out_cache_loc = torch.randint(0, ROWS * L, (bs * per,), generator=torch.Generator().manual_seed(6))
+        be.init_forward_metadata(fb)
+        ref = twin.init_forward_metadata(fb)
+        assert set(vars(be.forward_metadata)) == set(vars(ref))
+        lens = fb.seq_lens_cpu if per == 1 else (fb.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)
+        assert_metadata_equal(be.forward_metadata, ref, lens)

@@ -139,3 +139,39 @@ def test_the_oracle_can_fail(sglang):
     want["positions"] = want["positions"].long()
     assert differing(be.forward_metadata, want)[0] == "positions: torch.int32(2,) vs SGLang torch.int64(2,)"
     assert "c128_topk_lengths_clamp1" in differing(be.forward_metadata, want)
+
+
+@pytest.mark.parametrize("ratios", [(4,), (128,), ()], ids=["c4-only", "c128-only", "swa-only"])
+def test_a_pool_with_fewer_ratios_gets_exactly_their_fields(sglang, ratios):
+    """compress_ratios: the fields of each ratio the pool has equal SGLang's, and no field, plan or
+    schedule of another ratio is built (SGLang builds none), eager and replayed, modes interleaved."""
+    opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(3, 8), max_context_len=L, num_draft_tokens=D,
+                          compress_ratios=ratios, modes=("decode", "target_verify", "draft_extend"))
+    pool = make_pool(ROWS, L, seed=len(ratios))
+    f2s = swa_table(ROWS * L + 1, "cpu")
+    be = compile_backend("dsv4", opts).instantiate(pool, pools={"full_to_swa": f2s})
+    absent = [r for r in (4, 128) if r not in ratios]
+    rng = random.Random(3 + len(ratios))
+    graphs = {(m, bs): capture(be, batch(m, bs, rng)) for m in (DEC, VER) for bs in opts.sizes}
+    for step in range(8):
+        mode, raw = (DEC, VER, EXT)[step % 3], rng.randint(1, MAX_BS)
+        fb = batch(mode, raw, rng)
+        bs = raw if mode is EXT else min(s for s in opts.sizes if s >= raw)
+        if mode is EXT:
+            be.init_forward_metadata(fb)
+        else:
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            graphs[(mode, bs)].replay()
+        full = padded(fb, bs, mode)
+        per = 1 if mode is DEC else D
+        full.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64)
+        full.out_cache_loc[: raw * per] = fb.out_cache_loc
+        want = expected(sglang, full, pool, f2s, 512)
+        want = {k: v for k, v in want.items() if not any(k.startswith(f"c{r}_") for r in absent)}
+        assert differing(be.forward_metadata, want) == [], (step, mode.name)
+        built = set(vars(be.forward_metadata))
+        stray = {k for k in built if any(k.startswith(f"c{r}_") for r in absent)}
+        assert not stray, stray
+        if mode is not EXT:  # each present ratio's compressor plans, and the indexer schedule with c4
+            plans = {f"c{r}_plan_{s}" for r in ratios for s in (("d",) if mode is DEC else ("c", "w"))}
+            assert plans <= built and (("c4_indexer_schedule" in built) == (4 in ratios))
