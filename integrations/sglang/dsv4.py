@@ -46,16 +46,19 @@ def indexer_inputs(meta) -> dict:
             "compressed_seq_lens": meta.c4_topk_lengths_raw, "schedule": meta.c4_indexer_schedule}
 
 
-def forward_metadata(meta, mode: ForwardMode, *, index_topk: int, use_topk_v2: bool = False):
+def forward_metadata(meta, mode: ForwardMode, *, index_topk: int, ratios: tuple[int, ...] = RATIOS,
+                     use_topk_v2: bool = False):
     """SGLang's ``DSV4Metadata`` for one step of ``mode``, over the compiled backend's metadata ``meta``.
 
     Every tensor is a view of a compiled buffer (a captured graph writes them; nothing is copied).
     The fields and their widths are those SGLang's ``make_core_attn_metadata`` produces: decode,
-    idle and target verify with the compression fields, the c4 sparse buffers, the indexer and the
-    compressor plans; draft extend SWA only, with SGLang's one-page placeholder page table and no
-    indexer. The scheduler objects (``c*_flashmla_metadata``, the indexer's DeepGEMM schedule and
-    top-k plan) come from SGLang's own constructors: on a GPU they are computed where this is called,
-    so call it where SGLang builds its metadata (inside the captured region, for a graph).
+    idle and target verify with the compression fields of each of ``ratios`` (the pool's, as the
+    backend was compiled: ``compress_ratios``), the c4 sparse buffers and the indexer with c4, and
+    the compressor plans; draft extend SWA only, with SGLang's one-page placeholder page table and no
+    indexer. Fields of a ratio the pool lacks are None, as SGLang leaves them. The scheduler objects
+    (``c*_flashmla_metadata``, the indexer's DeepGEMM schedule and top-k plan) come from SGLang's own
+    constructors: on a GPU they are computed where this is called, so call it where SGLang builds its
+    metadata (inside the captured region, for a graph).
     """
     import sglang.srt.layers.attention.deepseek_v4_backend as sgl
     from sglang.srt.layers.attention.dsv4.metadata import PagedIndexerMetadata
@@ -67,18 +70,24 @@ def forward_metadata(meta, mode: ForwardMode, *, index_topk: int, use_topk_v2: b
         cuda_int32_kwargs={"device": meta.page_table.device, "dtype": torch.int32},
         seq_lens_casual=meta.seq_lens_casual, positions_casual=meta.positions,
         swa_page_indices=meta.swa_page_indices, swa_topk_lengths=meta.swa_topk_lengths, index_topk=index_topk,
-        present_ratios=RATIOS, swa_out_cache_loc=meta.swa_out_cache_loc)
+        present_ratios=tuple(ratios), swa_out_cache_loc=meta.swa_out_cache_loc)
     core.c0_flashmla_metadata = sgl._create_flashmla_metadata()
+    core.c4_sparse_topk_lengths = core.c4_sparse_page_indices = None
+    core.c4_flashmla_metadata = core.c128_flashmla_metadata = None
     if swa_only:  # SGLang's need_compress=False: no compressed fields, no c4/c128 schedulers
-        core.c4_sparse_topk_lengths = core.c4_sparse_page_indices = None
-        core.c4_flashmla_metadata = core.c128_flashmla_metadata = None
         return sgl.DSV4Metadata(core_attn_metadata=core, indexer_metadata=None)
-    for name in ("c4_out_loc", "c4_topk_lengths_raw", "c4_topk_lengths_clamp1", "c4_sparse_topk_lengths",
-                 "c4_sparse_page_indices", "c128_out_loc", "c128_page_indices", "c128_topk_lengths_clamp1"):
-        setattr(core, name, getattr(meta, name))
-    core.c4_flashmla_metadata = sgl._create_flashmla_metadata()
-    core.c128_flashmla_metadata = sgl._create_flashmla_metadata()
-    indexer = PagedIndexerMetadata(page_size=PAGE, compressed_page_size=INDEX_PAGE, page_table=meta.page_table,
-                                   compressed_seq_lens=meta.c4_topk_lengths_raw, use_topk_v2=use_topk_v2)
-    return sgl.DSV4Metadata(core, indexer, c4_compress_metadata=compress_metadata(meta, 4),
-                            c128_compress_metadata=compress_metadata(meta, 128))
+    for r in ratios:
+        for name in _FIELDS[r]:
+            setattr(core, name, getattr(meta, name))
+        setattr(core, f"c{r}_flashmla_metadata", sgl._create_flashmla_metadata())
+    indexer = None
+    if 4 in ratios:
+        indexer = PagedIndexerMetadata(page_size=PAGE, compressed_page_size=INDEX_PAGE, page_table=meta.page_table,
+                                       compressed_seq_lens=meta.c4_topk_lengths_raw, use_topk_v2=use_topk_v2)
+    plans = {f"c{r}_compress_metadata": compress_metadata(meta, r) for r in ratios}
+    return sgl.DSV4Metadata(core, indexer, **plans)
+
+
+_FIELDS = {4: ("c4_out_loc", "c4_topk_lengths_raw", "c4_topk_lengths_clamp1", "c4_sparse_topk_lengths",
+               "c4_sparse_page_indices"),
+           128: ("c128_out_loc", "c128_page_indices", "c128_topk_lengths_clamp1")}

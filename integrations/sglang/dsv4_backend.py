@@ -20,7 +20,7 @@ from attnmeta.compiler import compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 
 from .batch import MODES, BatchView
-from .dsv4 import RATIOS, forward_metadata
+from .dsv4 import forward_metadata
 from .options import compile_options
 
 try:
@@ -35,8 +35,7 @@ SERVED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_
 def unserved(b) -> list[str]:
     """What of SGLang backend ``b``'s configuration the compiled metadata does not plan."""
     pool, why = b.token_to_kv_pool, []
-    checks = ((tuple(b.present_ratios) != RATIOS, f"compression ratios {tuple(b.present_ratios)} (plans {RATIOS})"),
-              (bool(getattr(b, "low_ratios", ())), "DeepSeek-V4.1's c1/c2 ratios"),
+    checks = ((bool(getattr(b, "low_ratios", ())), "DeepSeek-V4.1's c1/c2 ratios"),
               (getattr(pool, "request_window", None) is not None, "a request window"),
               (getattr(pool, "swa_req_ring_size", None) is not None, "an SWA request ring"),
               (bool(getattr(pool, "_unified_kv", False)), "the unified c4 request ring"),
@@ -60,10 +59,13 @@ def unserved(b) -> list[str]:
 
 def dsv4_options(b, **overrides):
     """The compile options SGLang's DSV4 backend ``b`` implies: its server's capture sizes and
-    speculative settings, the request table's width as the context, the model's ``index_topk``."""
+    speculative settings, the request table's width as the context, the model's ``index_topk``, the
+    pool's compression ratios."""
     runner = b.model_runner
     modes = ("decode", "idle", "target_verify", "draft_extend") if b.mtp_enabled else ("decode", "idle")
-    wanted = dict(max_context_len=b.req_to_token.shape[1], index_topk=b.index_topk, modes=modes)
+    ratios = tuple(r for r in b.present_ratios if r in (4, 128))
+    wanted = dict(max_context_len=b.req_to_token.shape[1], index_topk=b.index_topk, compress_ratios=ratios,
+                  modes=modes)
     if b.mtp_enabled:
         wanted["num_draft_tokens"] = b.speculative_num_draft_tokens
     return compile_options(runner.server_args, None, **(wanted | overrides))
@@ -89,6 +91,7 @@ class DSV4Backend(_SGLangDSV4):
         o, width = compiled.options, self.req_to_token.shape[1]
         mismatch = [f"{n}: compiled {have}, SGLang {want}" for n, have, want in (
             ("max_context_len", o.max_context_len, width), ("index_topk", o.index_topk, self.index_topk),
+            ("compress_ratios", o.compress_ratios, tuple(sorted(self.present_ratios))),
             ("num_draft_tokens", o.num_draft_tokens if self.mtp_enabled else None,
              self.speculative_num_draft_tokens if self.mtp_enabled else None)) if have != want]
         if mismatch:  # the page table's width, the sparse buffers' and the verify rows follow from these
@@ -106,7 +109,7 @@ class DSV4Backend(_SGLangDSV4):
     def _build(self):
         v = self._view
         return forward_metadata(self.attnmeta.forward_metadata, v.forward_mode, index_topk=self.index_topk,
-                                use_topk_v2=self._topk_v2())
+                                ratios=self.attnmeta.compiled.options.compress_ratios, use_topk_v2=self._topk_v2())
 
     @staticmethod
     def _served(forward_batch) -> bool:

@@ -46,14 +46,14 @@ def cpu_schedulers(monkeypatch):
     monkeypatch.setenv("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1")
 
 
-def sglang_dsv4(req_to_token, **changes):
+def sglang_dsv4(req_to_token, ratios=(4, 128), **changes):
     """SGLang's DSV4 backend object with the attributes its __init__ sets for a DeepSeek-V4 model
-    served with MTP (one draft step, D draft tokens) on one process."""
+    served with MTP (one draft step, D draft tokens) on one process, its pool compressing at ``ratios``."""
     b = DSV4Backend.__new__(DSV4Backend)
     pool = SimpleNamespace(full_to_swa_index_mapping=swa_table(int(req_to_token.max()) + 2, "cpu"),
-                           request_window=None, swa_req_ring_size=None, _unified_kv=False, present_ratios=(4, 128))
+                           request_window=None, swa_req_ring_size=None, _unified_kv=False, present_ratios=ratios)
     attrs = dict(device=torch.device("cpu"), req_to_token=req_to_token, token_to_kv_pool=pool, page_size=PAGE,
-                 present_ratios=(4, 128), low_ratios=(), has_c4=True, has_c128=True, index_topk=TOPK,
+                 present_ratios=ratios, low_ratios=(), has_c4=4 in ratios, has_c128=128 in ratios, index_topk=TOPK,
                  cuda_int32_kwargs={"device": torch.device("cpu"), "dtype": torch.int32}, trtllm_attn=False,
                  mtp_enabled=True, topk=1, speculative_num_draft_tokens=D, speculative_num_steps=1,
                  is_draft_runner=False, is_dspark_draft=False, online_c128_mtp=None, encoder_replay=False,
@@ -95,7 +95,7 @@ def oracle(b, mode: str, seq, rows, loc):
         max_seq_len=PAGE if draft else b.MAX_SEQ_LEN_FOR_CAPTURE, out_loc=loc, need_compress=not draft,
         is_prefill=draft)
     core.swa_out_cache_loc = b.token_to_kv_pool.full_to_swa_index_mapping[loc].to(torch.int32)  # its in-graph write
-    indexer = None if draft else sgl.DeepseekV4AttnBackend.init_forward_metadata_indexer(b, core)
+    indexer = None if draft or not b.has_c4 else sgl.DeepseekV4AttnBackend.init_forward_metadata_indexer(b, core)
     return core, indexer
 
 
@@ -148,10 +148,11 @@ def differing(got, want_core, want_indexer, mode) -> list[str]:
             bad.append("indexer.compressed_seq_lens")
         if gi.page_table is not core.page_table or gi.max_compressed_seq_len != want_indexer.max_compressed_seq_len:
             bad.append("indexer.page_table")
-    plans = (got.c4_compress_metadata, got.c128_compress_metadata)
     kind = {"decode": CompressorDecodePlan, "target_verify": CompressorPrefillPlan}.get(mode)
-    if kind is None and plans != (None, None) or kind is not None and not all(isinstance(p, kind) for p in plans):
-        bad.append(f"compress plans {[type(p).__name__ for p in plans]}")
+    for r in (4, 128):  # a plan of SGLang's own type for each ratio the pool has, in a mode that compresses
+        plan, want = getattr(got, f"c{r}_compress_metadata"), kind if r in want_core.present_ratios else None
+        if (plan is None) != (want is None) or want is not None and not isinstance(plan, want):
+            bad.append(f"c{r}_compress_metadata: {type(plan).__name__}")
     return bad
 
 
@@ -233,6 +234,27 @@ def test_graph_runner_capture_and_replay(compiled):
     assert not failures, failures
 
 
+@pytest.mark.parametrize("ratios", [(4,), (128,)], ids=["c4-only", "c128-only"])
+def test_a_pool_with_one_ratio(ratios):
+    """A pool with one compression ratio (SGLang's present_ratios): the backend compiled with
+    compress_ratios hands SGLang that ratio's fields, scheduler and plan, and None for the other's,
+    as SGLang's own metadata code leaves them; eager and replayed, modes interleaved."""
+    c = compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                               num_draft_tokens=D, index_topk=TOPK, compress_ratios=ratios,
+                                               modes=("decode", "idle", "target_verify", "draft_extend")))
+    b = sglang_dsv4(make_pool(seed=8), ratios)
+    b.bind_attnmeta(c)
+    rng, failures = random.Random(ratios[0]), []
+    for step in range(9):
+        mode = MODES[step % 3]
+        fb = step_batch(mode, rng, rng.randint(1, MAX_BS))
+        b.init_forward_metadata(fb)
+        bad = differing(b.forward_metadata, *oracle(b, mode, *padded(fb, fb.batch_size, mode)), mode)
+        if bad:
+            failures.append((step, mode, fb.seq_lens.tolist(), bad))
+    assert not failures, failures
+
+
 def test_the_comparison_can_fail(compiled):
     """The oracle is not vacuous: one field off by one, one dtype changed, are each caught."""
     b = bound(compiled, 6)
@@ -251,7 +273,8 @@ def test_bad_configurations_and_batches_are_refused(compiled):
     replay of a size never captured, a batch longer than the context, are typed errors."""
     for change, named in ((dict(low_ratios=(1, 2)), "c1/c2"), (dict(trtllm_attn=True), "trtllm-gen"),
                           (dict(is_dspark_draft=True), "DSpark"), (dict(index_topk=1024), "index_topk: compiled 512"),
-                          (dict(is_draft_runner=True, speculative_num_steps=3), "multi-step draft decode")):
+                          (dict(is_draft_runner=True, speculative_num_steps=3), "multi-step draft decode"),
+                          (dict(ratios=(128,)), r"compress_ratios: compiled \(4, 128\), SGLang \(128,\)")):
         b = sglang_dsv4(make_pool(seed=1), **change)
         with pytest.raises(OptionsError, match=named):
             b.bind_attnmeta(compiled)
@@ -268,4 +291,6 @@ def test_options_follow_sglangs_backend():
     b = sglang_dsv4(make_pool(seed=1))
     o = dsv4_options(b)
     assert (o.max_context_len, o.index_topk, o.num_draft_tokens, o.max_bs) == (L, TOPK, D, MAX_BS)
+    assert o.compress_ratios == (4, 128)
+    assert dsv4_options(sglang_dsv4(make_pool(seed=1), (128,))).compress_ratios == (128,)
     assert {m.name for m in o.modes} == {"DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND"}
