@@ -73,9 +73,9 @@ def test_long_context_attention_through_the_device_planner(tensor_cores):
     pool = make_pool(rows, L, seed=9, device=dev)
     be = compile_backend("flashinfer", CompileOptions(max_bs=8, capture_sizes=sizes, max_context_len=L)).instantiate(
         pool, device=dev)
-    g = torch.Generator().manual_seed(4)
-    k = torch.randn(rows * L + 1, 2, 128, generator=g).to(dev).bfloat16()
-    v = torch.randn(rows * L + 1, 2, 128, generator=g).to(dev).bfloat16()
+    g, gd = torch.Generator().manual_seed(4), torch.Generator(device=dev).manual_seed(4)
+    k = torch.randn(rows * L + 1, 2, 128, generator=gd, device=dev, dtype=torch.bfloat16)  # drawn on the GPU
+    v = torch.randn(rows * L + 1, 2, 128, generator=gd, device=dev, dtype=torch.bfloat16)
     adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores)
     runner = GraphRunner(be, DecodeModel(k, v, 8, L, q_heads=8), sizes, dev)
     runner.capture()
