@@ -116,6 +116,16 @@ class DSV4Backend(_SGLangDSV4):
         mode = MODES.get(getattr(forward_batch.forward_mode, "name", None))
         return mode in SERVED
 
+    def _check_draft_rows(self) -> None:
+        """SGLang's captured draft extend runs ``max_num_tokens // max_bs`` query rows per request; the
+        compiled spec plans ``num_draft_tokens``. Different counts would misplace every row."""
+        have = getattr(self, "draft_extend_num_tokens_per_req", None)
+        want = self.attnmeta.compiled.options.num_draft_tokens
+        if have is not None and have != want:
+            raise OptionsError(f"SGLang's draft extend runs {have} rows per request (max_num_tokens // max_bs) but "
+                               f"the dsv4 backend was compiled with num_draft_tokens={want}; compile with "
+                               f"num_draft_tokens={have}")
+
     # --- SGLang's graph-runner hooks ---
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         if max_bs > self.attnmeta.max_bs:
@@ -130,13 +140,18 @@ class DSV4Backend(_SGLangDSV4):
     def init_forward_metadata(self, forward_batch) -> None:
         if not self._served(forward_batch):
             return super().init_forward_metadata(forward_batch)
-        self.attnmeta.init_forward_metadata(self._view.fill(forward_batch))
+        v = self._view.fill(forward_batch)
+        if v.forward_mode.is_draft_extend():
+            self._check_draft_rows()
+        self.attnmeta.init_forward_metadata(v)
         self.forward_metadata = self._build()  # fresh: FlashMLA's scheduler state is per step eagerly
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
         if not self._served(forward_batch):
             return super().init_forward_metadata_out_graph(forward_batch, in_capture)
         v = self._view.fill(forward_batch)
+        if v.forward_mode.is_draft_extend():
+            self._check_draft_rows()
         self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
         if in_capture:  # SGLang's warmup hook restores a raw metadata its own capture left; there is none
             self._current_capture_raw = None

@@ -281,6 +281,10 @@ def test_bad_configurations_and_batches_are_refused(compiled):
     b = bound(compiled, 2)
     with pytest.raises(OptionsError, match="max_bs"):
         b.init_cuda_graph_state(MAX_BS * 2, MAX_BS * 2 * D)
+    b.draft_extend_num_tokens_per_req = D + 1  # what SGLang's init_cuda_graph_state derives from its runner
+    with pytest.raises(OptionsError, match=f"runs {D + 1} rows per request .* num_draft_tokens={D}"):
+        b.init_forward_metadata_out_graph(sglang_batch("draft_extend", [9], random.Random(4), ext=[1]), True)
+    b.draft_extend_num_tokens_per_req = D
     with pytest.raises(ContractError, match="no graph captured DECODE at batch size 4"):
         b.init_forward_metadata_out_graph(replay_view(step_batch("decode", random.Random(2), 3), 4, 1))
     with pytest.raises(BatchError, match="seq_lens"):
