@@ -34,7 +34,8 @@ class Mode(enum.IntEnum):  # SGLang's ForwardMode names (the backend maps modes 
 
 
 def sglang_backends():
-    if importlib.util.find_spec("sglang") is None:
+    # the stand-in, once installed, is in sys.modules without a module spec (find_spec would raise)
+    if "sglang" not in sys.modules and importlib.util.find_spec("sglang") is None:
         _stand_in_sglang()
     from attnmeta.integrations.sglang.backend import FlashInferBackend
 
@@ -98,13 +99,15 @@ def sglang_batch(mode, bs, lens, rows, kv, dev, masks=None):
                            token_to_kv_pool=kv, extend_seq_lens=None, extend_seq_lens_cpu=None)
 
 
-def test_sglang_flashinfer_backend_under_the_graph_runner():
+@pytest.mark.parametrize("on_device", [False, True], ids=["default", "plan-on-device"])
+def test_sglang_flashinfer_backend_under_the_graph_runner(on_device):
+    """Default compile, and plan_on_device (no host indptrs: the partition planned on the GPU only)."""
     FlashInferBackend = sglang_backends()
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=7, device=dev)
     cb = compile_backend("flashinfer", CompileOptions(
         max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, num_draft_tokens=D, num_heads=H, num_kv_heads=HKV,
-        modes=("decode", "idle", "target_verify", "draft_extend")))
+        modes=("decode", "idle", "target_verify", "draft_extend"), plan_on_device=on_device))
     be = FlashInferBackend(cb, pool, num_heads=H, num_kv_heads=HKV, head_dim=HD)
     be.init_cuda_graph_state(MAX_BS, MAX_BS * D)
     fill = be.get_cuda_graph_seq_len_fill_value()
