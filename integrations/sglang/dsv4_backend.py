@@ -127,6 +127,12 @@ class DSV4Backend(_SGLangDSV4):
                                f"num_draft_tokens={have}")
 
     # --- SGLang's graph-runner hooks ---
+    def glue_target_verify_metadata(self) -> str:
+        return "attnmeta plans this metadata"  # SGLang's metadata glue graph (and early verify metadata) stay off
+
+    def glue_draft_metadata(self) -> str:
+        return "attnmeta plans this metadata"
+
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         if max_bs > self.attnmeta.max_bs:
             raise OptionsError(f"SGLang captures batches up to {max_bs} but the dsv4 backend was compiled for "

@@ -178,6 +178,8 @@ def test_it_is_sglangs_dsv4_backend():
         assert getattr(DSV4Backend, name) is not getattr(sgl.DeepseekV4AttnBackend, name)
     for name in ("forward", "store_cache", "init_forward_metadata_indexer", "make_core_attn_metadata"):
         assert getattr(DSV4Backend, name) is getattr(sgl.DeepseekV4AttnBackend, name)  # attention stays SGLang's
+    b = DSV4Backend.__new__(DSV4Backend)  # SGLang's graph runner asks before routing prep through its glue graph
+    assert b.glue_target_verify_metadata() and b.glue_draft_metadata()
 
 
 def test_eager_every_mode_interleaved(compiled):
