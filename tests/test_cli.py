@@ -62,6 +62,17 @@ def test_compile_multistep_with_branches(tmp_path, capsys):
     assert "needs 90 slots past each prefix" in capsys.readouterr().err
 
 
+def test_compile_dsv4_for_a_pool_with_one_ratio(capsys):
+    """--compress-ratios reaches the spec: with c128 only, decode has no indexer schedule (one kernel)."""
+    assert main(["compile", "dsv4", "--max-bs", "4", "--capture-sizes", "4", "--max-context-len", "512"]) == 0
+    both = capsys.readouterr().out
+    assert main(["compile", "dsv4", "--max-bs", "4", "--capture-sizes", "4", "--max-context-len", "512",
+                 "--compress-ratios", "128"]) == 0
+    one = capsys.readouterr().out
+    rows = [next(r.split() for r in out.splitlines() if r.startswith("decode")) for out in (both, one)]
+    assert [r[4] for r in rows] == ["2", "1"] and [r[5] for r in rows] == ["0", "0"]  # kernels, host ops
+
+
 def test_dump_dir_from_environment(tmp_path):
     env = {**os.environ, "ATTNMETA_DUMP_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "attnmeta.app.cli", "compile", "flashinfer", "--max-bs", "2",
@@ -127,6 +138,7 @@ def test_demo_runs_the_drafter_with_branches(capsys):
     (["compile", "flashinfer", "--dump-dir", "/proc/attnmeta-dumps"], "is not writable"),
     (["demo", "--max-bs", "8", "--capture-sizes", "4", "16"], "--capture-sizes [16] are outside 1..--max-bs=8"),
     (["demo", "--steps", "0"], "--steps must be >= 1"),
+    (["compile", "dsv4", "--compress-ratios", "2", "4"], "compress_ratios must be drawn from 4 and 128"),
 ])
 def test_every_bad_option_is_a_clear_one_line_error(argv, says, capsys):
     assert main(argv) == 2
