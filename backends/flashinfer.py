@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
+from attnmeta.runtime.planners import DEVICE_PLANNER, DEVICE_PREFILL_PLANNER, PLANNER, PREFILL_PLANNER
 
 from .common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, verify_headroom, verify_mask
 
 I32, I64 = DType.int32, DType.int64
-PLANNER = "flashinfer.decode_plan"
-PREFILL_PLANNER = "flashinfer.prefill_plan"
-# compiled with plan_on_device: the planner gets only what is constant per size (the last-page lengths,
-# the strided query indptr); the partition of each step is computed on the GPU, in the graph
-DEVICE_PLANNER = "flashinfer.decode_plan_on_device"
-DEVICE_PREFILL_PLANNER = "flashinfer.prefill_plan_on_device"
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:

@@ -31,14 +31,10 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 
 from .flashinfer_plan import PlanLayout, checked_planner, pack_mask
-from .planners import PlanError
+from .planners import DEVICE_PLANNER, DEVICE_PREFILL_PLANNER, PLANNER, PREFILL_PLANNER, PlanError
 
 log = logging.getLogger("attnmeta.runtime")
 
-PLANNER = "flashinfer.decode_plan"
-PREFILL_PLANNER = "flashinfer.prefill_plan"
-DEVICE_PLANNER = "flashinfer.decode_plan_on_device"  # a spec compiled with plan_on_device
-DEVICE_PREFILL_PLANNER = "flashinfer.prefill_plan_on_device"
 # The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
 # adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
 MIN_VERSION = (0, 6)

@@ -20,6 +20,14 @@ import torch
 
 from attnmeta.compiler.ir.errors import UserError
 
+# The planner nodes FlashInfer specs declare (``host_call`` names), one name each for the specs, the
+# stand-ins below and FlashInferDecodeAdapter. The *_on_device planners (a spec compiled with
+# plan_on_device) get only a constant per size; the partition of each step is computed on the GPU.
+PLANNER = "flashinfer.decode_plan"
+PREFILL_PLANNER = "flashinfer.prefill_plan"
+DEVICE_PLANNER = "flashinfer.decode_plan_on_device"
+DEVICE_PREFILL_PLANNER = "flashinfer.prefill_plan_on_device"
+
 
 class PlanError(UserError):
     """A planner given what it cannot plan (device indptrs, mismatched lengths)."""
@@ -101,6 +109,6 @@ def with_key(planner):
 
 
 def default_planners() -> dict:
-    return {"flashinfer.decode_plan": ReferenceDecodePlanner(), "flashinfer.prefill_plan": ReferencePrefillPlanner(),
-            "flashinfer.decode_plan_on_device": ReferenceDevicePlanner(indptr=False),
-            "flashinfer.prefill_plan_on_device": ReferenceDevicePlanner(indptr=True)}
+    return {PLANNER: ReferenceDecodePlanner(), PREFILL_PLANNER: ReferencePrefillPlanner(),
+            DEVICE_PLANNER: ReferenceDevicePlanner(indptr=False),
+            DEVICE_PREFILL_PLANNER: ReferenceDevicePlanner(indptr=True)}

@@ -14,7 +14,7 @@ import os
 import torch
 
 from attnmeta.compiler import compile_backend
-from attnmeta.compiler.ir.errors import ContractError, OptionsError
+from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime import BatchError
 
 from .attention import decode_by_indices, decode_by_page_table, extend_by_indices, extend_by_page_table
@@ -92,10 +92,7 @@ class AttnmetaBackend(_SGLangBackend):
         self.forward_metadata = hit[1]
 
     def init_forward_metadata_in_graph(self, forward_batch):
-        if self._view.source is not forward_batch:
-            raise ContractError("init_forward_metadata_in_graph got another batch than the last "
-                                "init_forward_metadata_out_graph; call them in pairs on the same batch")
-        self.inner.init_forward_metadata_in_graph(self._view)
+        self.inner.init_forward_metadata_in_graph(self._view.require(forward_batch))
 
     def _metadata(self, m, v: BatchView):
         """``forward_metadata`` in the shape SGLang's backend of this kind hands its kernels."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnmeta.compiler.ir.errors import ContractError
 from attnmeta.compiler.modes import ForwardMode
 from attnmeta.runtime import BatchError
 
@@ -69,4 +70,11 @@ class BatchView:
             self.extend_seq_lens = _first(self.extend_seq_lens, getattr(spec, "extend_seq_lens_tensor", None))
             self.extend_seq_lens_cpu = _first(self.extend_seq_lens_cpu, getattr(spec, "extend_seq_lens_cpu", None))
         self.source = fb
+        return self
+
+    def require(self, fb: Any) -> BatchView:
+        """This view, if it was last filled from ``fb``: in_graph must follow out_graph on one batch."""
+        if self.source is not fb:
+            raise ContractError("init_forward_metadata_in_graph got another batch than the last "
+                                "init_forward_metadata_out_graph; call them in pairs on the same batch")
         return self

@@ -78,6 +78,11 @@ class DSV4Backend(_SGLangDSV4):
         super().__init__(model_runner, *args, **kwargs)
         self.bind_attnmeta(compiled if compiled is not None else compile_backend("dsv4", dsv4_options(self)))
 
+    @classmethod
+    def from_runner(cls, runner, compiled=None):
+        """Built as SGLang builds its DSV4 backend, then bound (``compiled``: an artifact loaded ahead)."""
+        return cls(runner, compiled=compiled)
+
     def bind_attnmeta(self, compiled) -> None:
         """Serve the captured modes from ``compiled`` (a ``dsv4`` backend) over this backend's request
         table and full->SWA slot map. Refuses what the spec does not plan, and options that do not
@@ -116,15 +121,18 @@ class DSV4Backend(_SGLangDSV4):
         mode = MODES.get(getattr(forward_batch.forward_mode, "name", None))
         return mode in SERVED
 
-    def _check_draft_rows(self) -> None:
-        """SGLang's captured draft extend runs ``max_num_tokens // max_bs`` query rows per request; the
-        compiled spec plans ``num_draft_tokens``. Different counts would misplace every row."""
+    def _fill(self, forward_batch):
+        """The batch as the compiled backend stages it. In draft extend, SGLang runs ``max_num_tokens //
+        max_bs`` query rows per request and the spec plans ``num_draft_tokens``: different counts would
+        misplace every row."""
+        v = self._view.fill(forward_batch)
         have = getattr(self, "draft_extend_num_tokens_per_req", None)
         want = self.attnmeta.compiled.options.num_draft_tokens
-        if have is not None and have != want:
+        if v.forward_mode.is_draft_extend() and have is not None and have != want:
             raise OptionsError(f"SGLang's draft extend runs {have} rows per request (max_num_tokens // max_bs) but "
                                f"the dsv4 backend was compiled with num_draft_tokens={want}; compile with "
                                f"num_draft_tokens={have}")
+        return v
 
     # --- SGLang's graph-runner hooks ---
     def glue_target_verify_metadata(self) -> str:
@@ -146,18 +154,13 @@ class DSV4Backend(_SGLangDSV4):
     def init_forward_metadata(self, forward_batch) -> None:
         if not self._served(forward_batch):
             return super().init_forward_metadata(forward_batch)
-        v = self._view.fill(forward_batch)
-        if v.forward_mode.is_draft_extend():
-            self._check_draft_rows()
-        self.attnmeta.init_forward_metadata(v)
+        self.attnmeta.init_forward_metadata(self._fill(forward_batch))
         self.forward_metadata = self._build()  # fresh: FlashMLA's scheduler state is per step eagerly
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
         if not self._served(forward_batch):
             return super().init_forward_metadata_out_graph(forward_batch, in_capture)
-        v = self._view.fill(forward_batch)
-        if v.forward_mode.is_draft_extend():
-            self._check_draft_rows()
+        v = self._fill(forward_batch)
         self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
         if in_capture:  # SGLang's warmup hook restores a raw metadata its own capture left; there is none
             self._current_capture_raw = None
@@ -172,9 +175,6 @@ class DSV4Backend(_SGLangDSV4):
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         if not self._served(forward_batch):
             return super().init_forward_metadata_in_graph(forward_batch)
-        if self._view.source is not forward_batch:
-            raise ContractError("init_forward_metadata_in_graph got another batch than the last "
-                                "init_forward_metadata_out_graph; call them in pairs on the same batch")
-        self.attnmeta.init_forward_metadata_in_graph(self._view)
-        v = self._view
+        v = self._view.require(forward_batch)
+        self.attnmeta.init_forward_metadata_in_graph(v)
         self.forward_metadata = self._captured[(v.forward_mode, v.batch_size)] = self._build()

@@ -17,17 +17,21 @@ from attnmeta.compiler.compile import load_compiled
 from .backend import KINDS
 
 
+def backend_class(kind: str):
+    """The SGLang-facing class of ``kind``; DSV4's imports SGLang's DSV4 backend, so only when asked for."""
+    if kind == "dsv4":
+        from .dsv4_backend import DSV4Backend
+
+        return DSV4Backend
+    return KINDS[kind]
+
+
 def factory(kind: str, artifact: str | None = None):
     """SGLang's factory signature: ``create(model_runner) -> AttentionBackend``."""
 
     def create(runner):
         path = artifact or os.environ.get("ATTNMETA_ARTIFACT")
-        compiled = load_compiled(path) if path else None
-        if kind == "dsv4":  # SGLang's own DSV4 backend class: built as SGLang builds it, then bound
-            from .dsv4_backend import DSV4Backend
-
-            return DSV4Backend(runner, compiled=compiled)
-        return KINDS[kind].from_runner(runner, compiled=compiled)
+        return backend_class(kind).from_runner(runner, compiled=load_compiled(path) if path else None)
 
     create.__name__ = f"create_attnmeta_{kind}_backend"
     return create
