@@ -29,7 +29,7 @@ empty compressed history is one masked entry for the kernel.
 
 from __future__ import annotations
 
-from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
+from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
 from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
 from .common import decode_inputs, sub_rows, verify_headroom
@@ -88,6 +88,9 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     seq, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
     topk, ratios = options.index_topk, options.compress_ratios
+    if 4 in ratios and options.sm_count < 1:
+        raise OptionsError("dsv4's c4 indexer schedule splits work over the device's SMs: sm_count must be >= 1 "
+                           f"(got {options.sm_count}; --sm-count)")
     spec = speculative(options.modes)
     if mode.is_draft_extend():  # V2: T tokens per request, token t at causal length seq - T + 1 + t
         T = options.num_draft_tokens

@@ -4,7 +4,8 @@ split-KV partition.
 
 ``num_kv_splits`` follows the engine's heuristic on device, both terms.
 With ``max``/``min`` the longest/shortest sequence of the (padded) batch
-(``min := max`` when they are within 25 %):
+(``min := max`` when they are within 25 %) and ``MAX_SPLITS`` the
+``max_kv_splits`` option (SGLang's ``--triton-attention-num-kv-splits``):
 
 - by length: ``s1 = min(ceil(max / min), MAX_SPLITS)``, ``chunk1 = ceil(max / s1)``;
 - by SM count: ``cores = int(sm_count * max(log2(max / 64), 1))`` (float32, as
@@ -14,7 +15,11 @@ With ``max``/``min`` the longest/shortest sequence of the (padded) batch
 
 and ``splits_i = max(ceil(seq_i / chunk1), ceil(seq_i / chunk2))``. The
 device and model are compile options (``sm_count``, ``num_heads``,
-``num_kv_heads``). Computed from the replayed batch, never frozen at capture.
+``num_kv_heads``); ``sm_count=0`` is the engine's static split (a device that
+reports no SM count, or ``SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS``): every
+row gets ``MAX_SPLITS``. ``uneven_batch`` is the flag the same heuristic sets
+for the decode kernel (``min < max`` after the 25 % rule; 0 when static).
+Computed from the replayed batch, never frozen at capture.
 """
 
 from __future__ import annotations
@@ -25,14 +30,19 @@ from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 from .common import decode_inputs, extend_lens, verify_mask
 
 I32, I64 = DType.int32, DType.int64
-MAX_SPLITS = 8
 
 
-def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions, max_splits: int = MAX_SPLITS):
+def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions):
+    """(num_kv_splits per row, the uneven_batch flag)."""
+    max_splits = options.max_kv_splits
+    if options.sm_count == 0:  # the engine's static split: no heuristic at all
+        return b.full(max_splits, ["bs"], I32, name="num_kv_splits"), b.full(0, [], I32, name="uneven_batch")
     longest = b.reduce("max", seq_lens)
     shortest = b.reduce("min", seq_lens)
     close = b.compare("lt", b.ewise("mul", longest, 8), b.ewise("mul", shortest, 10))
-    shortest = b.ewise("max", b.where(close, longest, shortest), 1)  # a zero-size TBO child has no rows
+    shortest = b.where(close, longest, shortest)
+    uneven = b.cast(b.compare("lt", shortest, longest), I32, name="uneven_batch")
+    shortest = b.ewise("max", shortest, 1)  # a zero-size TBO child has no rows
     splits = b.clamp(b.ewise("ceildiv", longest, shortest), 1, max_splits)
     chunk = b.ewise("max", b.ewise("ceildiv", longest, splits), 1)
     # the SM-count term: enough splits to fill the device when the batch alone would not
@@ -43,7 +53,7 @@ def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions, max_splits:
     splits2 = b.ewise("min", b.ewise("ceildiv", cores, grid), max_splits)
     chunk2 = b.ewise("max", b.ewise("ceildiv", longest, splits2), 1)
     return b.ewise("max", b.ewise("ceildiv", seq_lens, chunk), b.ewise("ceildiv", seq_lens, chunk2),
-                   name="num_kv_splits")
+                   name="num_kv_splits"), uneven
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
@@ -56,11 +66,11 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
-        splits = num_kv_splits(b, seq_lens, options)
+        splits, uneven = num_kv_splits(b, seq_lens, options)
     with b.out_graph():
-        max_splits = b.full(MAX_SPLITS, [], I32, Placement.host, name="max_kv_splits")
-    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, max_kv_splits=max_splits,
-              ragged={"kv_indices": "kv_indptr"})
+        max_splits = b.full(options.max_kv_splits, [], I32, Placement.host, name="max_kv_splits")
+    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, uneven_batch=uneven,
+              max_kv_splits=max_splits, ragged={"kv_indices": "kv_indptr"})
     return b.build()
 
 

@@ -43,8 +43,11 @@ class CompileOptions:
     # FlashInfer specs: the split-KV partition is planned on the GPU every step (FlashInferDecodeAdapter's
     # device planner), so out_graph computes no host indptrs for plan(): no host op per step
     plan_on_device: bool = False
-    # the device and model the split-KV heuristic plans for (triton): SMs, query heads, KV heads
+    # the device and model the split-KV heuristic plans for (triton): SMs (0: the engine's static split, every
+    # row max_kv_splits), query heads, KV heads, and the most splits a row may get (SGLang's
+    # --triton-attention-num-kv-splits)
     sm_count: int = 132  # an H200
+    max_kv_splits: int = 8
     num_heads: int = 32
     num_kv_heads: int = 8
     dump_dir: str | None = None
@@ -69,10 +72,13 @@ class CompileOptions:
             raise OptionsError(f"capture sizes {bad} are outside 1..max_bs={self.max_bs}; "
                                f"raise --max-bs or drop those sizes")
         for name, v in (("num_draft_tokens", self.num_draft_tokens), ("topk", self.topk),
-                        ("num_steps", self.num_steps), ("sm_count", self.sm_count), ("num_heads", self.num_heads),
-                        ("num_kv_heads", self.num_kv_heads)):
-            if not isinstance(v, int) or v < 1:
+                        ("num_steps", self.num_steps), ("num_heads", self.num_heads),
+                        ("num_kv_heads", self.num_kv_heads), ("max_kv_splits", self.max_kv_splits)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise OptionsError(f"{name} must be an int >= 1, got {v!r} (--{name.replace('_', '-')})")
+        if not isinstance(self.sm_count, int) or isinstance(self.sm_count, bool) or self.sm_count < 0:
+            raise OptionsError(f"sm_count must be an int >= 0 (0: no SM count, every row max_kv_splits), got "
+                               f"{self.sm_count!r} (--sm-count)")
         if self.num_heads % self.num_kv_heads:
             raise OptionsError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads} "
                                "(--num-heads, --num-kv-heads)")

@@ -44,6 +44,8 @@ def compare_metadata(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) 
             got, want = got.cpu(), want.cpu()
             ok = all(torch.equal(got[i, : -(-s // page_size)], want[i, : -(-s // page_size)])
                      for i, s in enumerate(seq_lens_cpu.tolist()))
+        elif want.dim() == 0:
+            ok = torch.equal(got.reshape(()).cpu(), want.cpu())
         else:
             ok = torch.equal(got[: want.shape[0]].cpu(), want.cpu())
         if not ok:

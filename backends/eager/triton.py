@@ -40,17 +40,23 @@ class EagerTritonDecode:
                 qo_indptr=torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=seq.device),
                 kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=D,
                 mask_indptr=torch.nn.functional.pad(torch.cumsum((seq + D) * D, 0, dtype=torch.int32), (1, 0)))
+        zero = torch.zeros((), dtype=torch.int32, device=seq.device)
+        if self.sm_count == 0:  # the engine's static split
+            return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, uneven_batch=zero,
+                                   num_kv_splits=torch.full_like(seq, self.max_kv_splits, dtype=torch.int32),
+                                   max_kv_splits=self.max_kv_splits)
         if bs == 0:
             return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=seq.clone(),
-                                   max_kv_splits=self.max_kv_splits)
+                                   uneven_batch=zero, max_kv_splits=self.max_kv_splits)
         longest, shortest = seq.max(), seq.min()
         shortest = torch.where(longest * 8 < shortest * 10, longest, shortest)
+        uneven = (shortest < longest).to(torch.int32)
         splits = torch.clamp(-(-longest // shortest), max=self.max_kv_splits)
         chunk = -(-longest // splits)
         # enough splits to fill the SMs: log2 of the longest sequence in 64-token units, in float32
         cores = (torch.log2(longest.float() / 64.0).clamp(min=1.0) * self.sm_count).int()
         splits2 = torch.clamp(-(-cores // (bs * self.blocks)), max=self.max_kv_splits)
         chunk2 = -(-longest // splits2)
-        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices,
+        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, uneven_batch=uneven,
                                num_kv_splits=torch.maximum(-(-seq // chunk), -(-seq // chunk2)).to(torch.int32),
                                max_kv_splits=self.max_kv_splits)
