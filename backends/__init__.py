@@ -10,7 +10,8 @@ from .multistep import multistep
 from .tbo import tbo
 
 _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC)
-_EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC, multistep(flashinfer.SPEC), multistep(triton.SPEC))
+_EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC, multistep(flashinfer.SPEC),
+          multistep(triton.SPEC, per_round=("num_kv_splits", "uneven_batch")))
 SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}
 
 __all__ = ["SPECS", "get_spec", "list_backends", "register_backend"]

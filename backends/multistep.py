@@ -13,6 +13,12 @@ the drafter's steps run. The planners' host indptrs come from the host
 mirror plus the step offset: no device->host copy in a round (engines copy
 the device indptrs back once per round). Fields are prefixed ``step<s>_``.
 
+``per_round`` names inner fields an engine computes once per round, from the
+prefix lengths, and hands every step (SGLang's Triton drafter plans the split
+counts once, over ``seq_lens``, not over each step's ``seq_lens + s + 1``):
+they are computed once, on the branch rows with the unshifted lengths, and
+every step's field is that one.
+
 The runtime keeps IDLE as IDLE: an IDLE batch stages only fill rows, so no
 step ever reads a previous batch's requests.
 """
@@ -65,7 +71,7 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
     return {**ins, **rows}, (seq, shift)
 
 
-def multistep(inner: BackendSpec) -> BackendSpec:
+def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpec:
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         if headroom(mode, options) >= options.max_context_len:
             raise OptionsError(f"multistep with topk={options.topk}, num_steps={options.num_steps} and page_size="
@@ -85,14 +91,17 @@ def multistep(inner: BackendSpec) -> BackendSpec:
         def branch_gather(n, xs):
             return [*xs, *jump] if jump and n.op is Op.ragged_gather else xs
 
-        fields, ragged = {}, {}
+        fields, ragged, round_ = {}, {}, {}
+        if per_round:  # once, over the prefix: dce drops the rest of this copy of the inner graph
+            out = b.inline(g, dict(rows), prefix="round_", subs=subs, rewrite=branch_gather)
+            round_ = {f: out[f] for f in per_round if f in out}
         for s in range(options.num_steps):
             step = dict(rows)
             for name in SEQ:
                 if name in step:
                     with b.out_graph() if name.endswith("_cpu") else b.in_graph():
                         step[name] = b.ewise("add", rows[name], s + 1, name=f"step{s}_{name}")
-            out = b.inline(g, step, prefix=f"step{s}_", subs=subs, rewrite=branch_gather)
+            out = b.inline(g, step, prefix=f"step{s}_", subs=subs, rewrite=branch_gather) | round_
             fields.update({f"step{s}_{f}": v for f, v in out.items()})
             ragged.update({f"step{s}_{o.field}": f"step{s}_{o.ragged_by}" for o in g.outputs if o.ragged_by})
         b.outputs(ragged=ragged, **fields)

@@ -10,14 +10,17 @@ from .triton import EagerTritonDecode
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttentionDecode,
          "triton": EagerTritonDecode, "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft}
+# fields an engine's drafter computes once per round over the prefix (as the multistep specs declare them)
+PER_ROUND = {"triton": ("num_kv_splits", "uneven_batch")}
 
 
 def get_eager(name: str):
     """The twin of a backend; a TBO-wrapped backend's parent metadata is its inner backend's."""
     if name.startswith("multistep_"):
         inner = get_eager(name[len("multistep_"):])
+        per_round = PER_ROUND.get(name[len("multistep_"):], ())
         return lambda pool, max_bs, num_steps=3, topk=1, page_size=1: EagerMultiStep(
-            lambda: inner(pool, max_bs * topk), num_steps, topk, page_size)
+            lambda: inner(pool, max_bs * topk), num_steps, topk, page_size, per_round)
     try:
         return EAGER[name.removeprefix("tbo_")]
     except KeyError:

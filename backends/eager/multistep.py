@@ -34,13 +34,19 @@ class EagerMultiStep:
     """One inner backend per step, as engines do: each keeps its own persistent buffers (sized
     for max_bs * topk rows)."""
 
-    def __init__(self, make_inner, num_steps: int, topk: int = 1, page_size: int = 1):
+    def __init__(self, make_inner, num_steps: int, topk: int = 1, page_size: int = 1, per_round=()):
         self.steps = [make_inner() for _ in range(num_steps)]
-        self.S, self.K, self.P = num_steps, topk, page_size
+        self.S, self.K, self.P, self.per_round = num_steps, topk, page_size, per_round
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
         out, K, bs = SimpleNamespace(), self.K, fb.batch_size
         rep = (lambda x: x[:bs].repeat_interleave(K)) if K > 1 else (lambda x: x[:bs])
+        round_ = {}
+        if self.per_round:  # planned once over the prefix, the same for every step
+            prefix = attrs.evolve(fb, batch_size=bs * K, seq_lens=rep(fb.seq_lens), seq_lens_cpu=rep(fb.seq_lens_cpu),
+                                  req_pool_indices=rep(fb.req_pool_indices), seq_lens_sum=None)
+            meta = self.steps[0].init_forward_metadata(prefix)
+            round_ = {f: getattr(meta, f) for f in self.per_round if hasattr(meta, f)}
         for s, inner in enumerate(self.steps):
             it = s + 1
             step = attrs.evolve(fb, batch_size=bs * K, seq_lens=rep(fb.seq_lens) + it,
@@ -50,6 +56,6 @@ class EagerMultiStep:
             if K > 1:  # the inner backend reads kv_indices the drafter laid out
                 meta.kv_indices = draft_kv_indices(inner.req_to_token, fb.req_pool_indices[:bs].tolist(),
                                                    fb.seq_lens_cpu[:bs].tolist(), it, K, self.S, self.P)
-            for field, v in vars(meta).items():
+            for field, v in (vars(meta) | round_).items():
                 setattr(out, f"step{s}_{field}", v)
         return out
