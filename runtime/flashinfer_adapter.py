@@ -78,7 +78,7 @@ class FlashInferDecodeAdapter:
 
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
                  kv_dtype=torch.bfloat16, workspace_bytes: int = WORKSPACE_BYTES, use_tensor_cores: bool | None = None,
-                 planner: str = "device"):
+                 planner: str = "device", workspace: torch.Tensor | None = None):
         if planner not in ("device", "host"):
             raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
         self.fi, self.backend = _flashinfer(), backend  # the optional extra: fail here, not inside a step
@@ -86,7 +86,10 @@ class FlashInferDecodeAdapter:
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
         self.tensor_cores = num_qo_heads // num_kv_heads >= 4 if use_tensor_cores is None else use_tensor_cores
-        self.workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=backend.device)
+        # FlashInfer's float workspace, shared by every wrapper (an engine's own, when it has one: wrappers
+        # run one after another, so they may share it, as the engine's own wrappers do)
+        self.workspace = workspace if workspace is not None else \
+            torch.empty(workspace_bytes, dtype=torch.uint8, device=backend.device)
         self.wrappers: dict[tuple, object] = {}
         self._ones: dict[int, torch.Tensor] = {}
         backend.planners[PLANNER] = self.plan

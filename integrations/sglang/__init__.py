@@ -1,30 +1,31 @@
 """attnmeta inside SGLang (optional extra ``attnmeta[sglang]``).
 
-- ``TritonBackend``, ``FlashInferBackend``, ``FlashAttentionBackend``: SGLang ``AttentionBackend``
-  subclasses over a compiled attnmeta backend, serving SGLang's ``ForwardBatch`` in decode, idle,
-  target verify and draft extend V2, eager and under SGLang's CUDA-graph runner;
-- ``DSV4Backend``: SGLang's own DeepSeek-V4 backend with decode, idle, target verify and draft extend V2
-  metadata compiled (``dsv4_backend.py``; ``dsv4.forward_metadata`` builds SGLang's ``DSV4Metadata``);
-- ``compile_options(server_args, model_config)``: the compile options SGLang's runner implies;
-- ``register()``: the backends in SGLang's attention-backend registry (``--attention-backend
-  attnmeta_triton``, ``attnmeta_dsv4`` ...).
+- ``TritonBackend``, ``FlashInferBackend``: SGLang's own ``TritonAttnBackend`` and
+  ``FlashInferAttnBackend`` (subclasses) with the metadata of the modes SGLang captures (decode,
+  idle, target verify, draft extend V2) compiled; prefill, extend and attention stay SGLang's;
+- ``TritonDraftBackend``, ``FlashInferDraftBackend``: SGLang's EAGLE multi-step drafters, every draft
+  step's metadata compiled into one recorded kernel (``draft.py``);
+- ``DSV4Backend``: SGLang's own DeepSeek-V4 backend with its captured modes' metadata compiled
+  (``dsv4_backend.py``; ``dsv4.forward_metadata`` builds SGLang's ``DSV4Metadata``);
+- ``compile_options(server_args, model_config)``: the compile options SGLang resolves for a server,
+  for an artifact compiled ahead of serving;
+- ``register()``: the backends in SGLang's attention-backend registry and its EAGLE draft factory
+  (``--attention-backend attnmeta_triton`` ...).
 
-The batch mapping (``BatchView``, ``attnmeta_mode``) and the options need no SGLang; the backends do.
+The batch mapping (``BatchView``, ``attnmeta_mode``) needs no SGLang; everything else does.
 """
 
 from .batch import MODES, BatchView, attnmeta_mode
-from .options import compile_options
 
-__all__ = ["MODES", "AttnmetaBackend", "BatchView", "DSV4Backend", "FlashAttentionBackend", "FlashInferBackend",
-           "TritonBackend",
-           "attnmeta_mode", "compile_options", "factory", "register"]
+__all__ = ["MODES", "BatchView", "DSV4Backend", "FlashInferBackend", "FlashInferDraftBackend", "TritonBackend",
+           "TritonDraftBackend", "attnmeta_mode", "compile_options", "factory", "register"]
 
-_LAZY = {"AttnmetaBackend": "backend", "TritonBackend": "backend", "FlashInferBackend": "backend",
-         "FlashAttentionBackend": "backend", "DSV4Backend": "dsv4_backend", "factory": "registry",
-         "register": "registry"}
+_LAZY = {"TritonBackend": "backend", "FlashInferBackend": "backend", "TritonDraftBackend": "draft",
+         "FlashInferDraftBackend": "draft", "DSV4Backend": "dsv4_backend", "factory": "registry",
+         "register": "registry", "compile_options": "options"}
 
 
-def __getattr__(name):  # the SGLang-facing classes import SGLang: only when asked for
+def __getattr__(name):  # the SGLang-facing pieces import SGLang: only when asked for
     if name in _LAZY:
         import importlib
 

@@ -39,6 +39,22 @@ def _first(*xs):
     return next((x for x in xs if x is not None), None)
 
 
+def _padding(fb: Any, mode: ForwardMode, bs: int, width: int) -> int:
+    """Rows SGLang's graph runner padded the batch with. The decode and draft-decode runners say so
+    (``num_padding``); the draft-extend runner pads its buffers to ``bs`` rows (request row 0, the fill
+    length) and hands over the live requests' tokens only (``input_ids``, ``out_cache_loc``), ``width``
+    per request."""
+    padding = getattr(fb, "num_padding", None)
+    if padding is None and mode is ForwardMode.DRAFT_EXTEND and width:
+        tokens = _first(getattr(fb, "input_ids", None), getattr(fb, "out_cache_loc", None))
+        padding = max(bs - tokens.shape[0] // width, 0) if tokens is not None else 0
+    padding = padding or 0
+    if not isinstance(padding, int) or not 0 <= padding <= bs:
+        raise BatchError(f"num_padding={padding!r} for a batch of {bs} rows: the live rows (batch_size - "
+                         f"num_padding) must be between 0 and {bs}")
+    return padding
+
+
 class BatchView:
     """One SGLang batch under attnmeta's field names. One view per backend, refilled every step
     (a step allocates nothing); ``forward_mode`` is the graph's mode, ``actual_forward_mode`` the
@@ -47,15 +63,18 @@ class BatchView:
     __slots__ = ("batch_size", "forward_mode", "actual_forward_mode", "raw_batch_size", "req_pool_indices",
                  "req_pool_indices_cpu", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "out_cache_loc", "positions",
                  "extend_seq_lens", "extend_seq_lens_cpu", "extend_prefix_lens", "extend_prefix_lens_cpu",
-                 "spec_info", "source")
+                 "spec_info", "source", "draft_width")
+
+    def __init__(self, draft_width: int = 0) -> None:
+        self.draft_width = draft_width  # query rows per request in draft extend (0: unknown)
+        self.source = None
 
     def fill(self, fb: Any) -> BatchView:
         bs = fb.batch_size
         mode = attnmeta_mode(fb.forward_mode)
         actual = attnmeta_mode(getattr(fb, "actual_forward_mode", None) or fb.forward_mode)
-        padding = getattr(fb, "num_padding", 0) or 0
         self.batch_size, self.forward_mode, self.actual_forward_mode = bs, mode, actual
-        self.raw_batch_size = 0 if actual.is_idle() else bs - padding
+        self.raw_batch_size = 0 if actual.is_idle() else bs - _padding(fb, mode, bs, self.draft_width)
         self.req_pool_indices, self.seq_lens, self.seq_lens_cpu = fb.req_pool_indices, fb.seq_lens, fb.seq_lens_cpu
         self.req_pool_indices_cpu = getattr(fb, "req_pool_indices_cpu", None)
         self.seq_lens_sum = getattr(fb, "seq_lens_sum", None)

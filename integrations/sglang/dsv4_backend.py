@@ -16,12 +16,12 @@ request ring, and multi-step draft decode.
 
 from __future__ import annotations
 
-from attnmeta.compiler import compile_backend
+from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 
 from .batch import MODES, BatchView
 from .dsv4 import forward_metadata
-from .options import compile_options
+from .options import capture_sizes
 
 try:
     from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend as _SGLangDSV4
@@ -61,14 +61,14 @@ def dsv4_options(b, **overrides):
     """The compile options SGLang's DSV4 backend ``b`` implies: its server's capture sizes and
     speculative settings, the request table's width as the context, the model's ``index_topk``, the
     pool's compression ratios."""
-    runner = b.model_runner
     modes = ("decode", "idle", "target_verify", "draft_extend") if b.mtp_enabled else ("decode", "idle")
     ratios = tuple(r for r in b.present_ratios if r in (4, 128))
+    sizes = capture_sizes(b.model_runner)
     wanted = dict(max_context_len=b.req_to_token.shape[1], index_topk=b.index_topk, compress_ratios=ratios,
-                  modes=modes)
+                  modes=modes, capture_sizes=sizes, max_bs=max(sizes))
     if b.mtp_enabled:
         wanted["num_draft_tokens"] = b.speculative_num_draft_tokens
-    return compile_options(runner.server_args, None, **(wanted | overrides))
+    return CompileOptions(**(wanted | overrides))
 
 
 class DSV4Backend(_SGLangDSV4):

@@ -1,58 +1,107 @@
-"""CompileOptions from SGLang's server arguments and model config.
+"""CompileOptions from what SGLang *resolved*, never from its raw flags.
 
-Read by attribute name, so SGLang's ``ServerArgs`` (or any object with its field names) works
-without SGLang imported. What each option comes from:
+SGLang leaves most flags unset on ``ServerArgs`` and resolves them (model-dependent EAGLE defaults,
+capture sizes, the page size) in its resolution pipeline; its backends read the resolved values.
+So do these functions:
 
-=====================  ==========================================================================
-max_bs                 ``cuda_graph_max_bs_decode``, else the largest of ``cuda_graph_bs_decode``
-capture_sizes          ``cuda_graph_bs_decode`` (attnmeta's default list up to max_bs when unset)
-page_size              ``page_size`` (1 when unset)
-max_context_len        the model config's ``context_len``, else ``context_length``
-modes                  decode and idle; target_verify and draft_extend when ``speculative_algorithm``
-num_draft_tokens etc.  ``speculative_num_draft_tokens``, ``speculative_eagle_topk``, ``speculative_num_steps``
-num_heads, kv heads    the model config's heads divided by ``tp_size``
-sm_count               the current CUDA device's SM count, when there is one
-=====================  ==========================================================================
+- ``resolved_options(runner, backend, **kind)``: the options of a backend SGLang has built (the
+  registry's path): the capture sizes of SGLang's own ``get_batch_sizes_to_capture``, the request
+  table's width as the context (SGLang's ``req_to_token`` is wider than the model's context: the
+  headroom for drafts), the runner's page size, the published speculative settings, and the kind's
+  own values read off the built backend (heads per attention-TP rank, SM count, split cap);
+- ``compile_options(server_args, model_config)``: the same ahead of serving, for an artifact
+  (``ATTNMETA_ARTIFACT``), from ``ServerArgs`` through SGLang's resolution (``resolved_view``; it
+  runs the pipeline if it has not run, which needs the server's device: ``--device cuda`` on a
+  machine without one). The server checks the artifact against what it resolved when it loads it.
+
+=====================  ======================================================================
+max_bs                 the largest captured size
+capture_sizes          SGLang's resolved decode graph sizes (``cuda_graph_config.decode.bs``)
+page_size              resolved ``page_size``
+max_context_len        ``req_to_token``'s width (a server: the model's context + headroom)
+modes                  decode and idle; target_verify and draft_extend with a speculative algorithm
+num_draft_tokens etc.  resolved ``speculative_num_draft_tokens``, ``_eagle_topk``, ``_num_steps``
+num_heads, kv heads    the model's, per attention-TP rank (``tp_size / dp / cp``)
+=====================  ======================================================================
 """
 
 from __future__ import annotations
 
-import torch
-
 from attnmeta.compiler import CompileOptions
 from attnmeta.compiler.ir.errors import OptionsError
 
+SPECULATIVE = ("decode", "idle", "target_verify", "draft_extend")
 
-def _get(obj, name, default=None):
-    v = getattr(obj, name, None) if obj is not None else None
-    return default if v is None else v
+
+def resolved_options(runner, backend, **kind) -> CompileOptions:
+    """The options SGLang resolved for ``backend`` (built on ``runner``), with the kind's own values."""
+    from sglang.srt.runtime_context import get_spec
+
+    spec, speculative = get_spec(), runner.spec_algorithm.is_speculative()
+    sizes = capture_sizes(runner)
+    opts = dict(capture_sizes=sizes, max_bs=max(sizes), page_size=runner.page_size or 1,
+                max_context_len=runner.req_to_token_pool.req_to_token.shape[1],
+                modes=SPECULATIVE if speculative else ("decode", "idle"))
+    if speculative:
+        opts.update(num_draft_tokens=spec.speculative_num_draft_tokens, topk=spec.speculative_eagle_topk or 1,
+                    num_steps=spec.speculative_num_steps)
+        # a target verifies and never draft-extends; a draft runner draft-extends and never verifies
+        opts["modes"] = ("draft_extend",) if runner.is_draft_worker else ("decode", "idle", "target_verify")
+    return CompileOptions(**(opts | kind))
+
+
+def capture_sizes(runner) -> tuple[int, ...]:
+    """The batch sizes SGLang's decode graph runner captures (its own ``get_batch_sizes_to_capture``);
+    where it cannot say (no runtime config published in this process), the server's
+    ``cuda_graph_bs_decode``, else the request pool's size (every batch eager)."""
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+
+    try:
+        return tuple(get_batch_sizes_to_capture(runner)[0])
+    except (AttributeError, TypeError, ValueError, AssertionError):
+        sizes = getattr(getattr(runner, "server_args", None), "cuda_graph_bs_decode", None)
+        return tuple(sizes) if sizes else (runner.req_to_token_pool.size,)
 
 
 def compile_options(server_args, model_config=None, **overrides) -> CompileOptions:
-    """The options SGLang's graph runner will drive a backend with; ``overrides`` win."""
-    sizes = tuple(_get(server_args, "cuda_graph_bs_decode", ()))
-    opts: dict = {"capture_sizes": sizes, "page_size": _get(server_args, "page_size", 1)}
-    max_bs = _get(server_args, "cuda_graph_max_bs_decode", max(sizes, default=None))
-    if max_bs is not None:
-        opts["max_bs"] = max_bs
-    context = _get(model_config, "context_len", _get(server_args, "context_length"))
+    """The options a server started with ``server_args`` will check an artifact against, as SGLang
+    resolves them; ``overrides`` win. ``model_config`` (SGLang's ``ModelConfig``) gives the heads
+    and the context; the context is the model's plus SGLang's request-table headroom (4 slots, and
+    the drafts' when speculative)."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.runtime_context import attn_tp_size_of
+
+    if not getattr(server_args, "_raw_input", None):  # not resolved yet: run SGLang's resolution first
+        server_args.resolve_once()
+    cfg = resolved_view(server_args)
+    sizes = tuple(cfg.cuda_graph_config.decode.bs or ())
+    opts: dict = {"page_size": cfg.page_size or 1}
+    if sizes:
+        max_bs = cfg.cuda_graph_config.decode.max_bs or max(sizes)
+        opts |= {"capture_sizes": tuple(s for s in sizes if s <= max_bs), "max_bs": max_bs}
+    speculative = cfg.speculative_algorithm is not None
+    if speculative:
+        opts |= {"modes": SPECULATIVE, "num_draft_tokens": cfg.speculative_num_draft_tokens,
+                 "topk": cfg.speculative_eagle_topk or 1, "num_steps": cfg.speculative_num_steps}
+    context = getattr(model_config, "context_len", None) or cfg.context_length
     if context is None and "max_context_len" not in overrides:
-        raise OptionsError("the context length is unknown: pass the model config (its context_len), set "
+        raise OptionsError("the context length is unknown: pass the model config (SGLang's ModelConfig), set "
                            "--context-length, or pass max_context_len=")
     if context is not None:
-        opts["max_context_len"] = context
-    if _get(server_args, "speculative_algorithm") is not None:
-        opts["modes"] = ("decode", "idle", "target_verify", "draft_extend")
-        for ours, theirs in (("num_draft_tokens", "speculative_num_draft_tokens"),
-                             ("topk", "speculative_eagle_topk"), ("num_steps", "speculative_num_steps")):
-            if _get(server_args, theirs) is not None:
-                opts[ours] = _get(server_args, theirs)
-    tp = _get(server_args, "tp_size", 1)
-    if model_config is not None and _get(model_config, "num_attention_heads") is not None:
-        opts["num_heads"] = max(model_config.num_attention_heads // tp, 1)
-        kv = model_config.get_num_kv_heads(tp) if hasattr(model_config, "get_num_kv_heads") else None
-        opts["num_kv_heads"] = kv or _get(model_config, "num_key_value_heads", opts["num_heads"] * tp) // tp or 1
-    if torch.cuda.is_available():
-        opts["sm_count"] = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    opts.update(overrides)
-    return CompileOptions(**opts)
+        opts["max_context_len"] = context + _headroom(cfg, speculative)
+    if model_config is not None:
+        tp = attn_tp_size_of(cfg)
+        opts |= {"num_heads": max(model_config.num_attention_heads // tp, 1),
+                 "num_kv_heads": model_config.get_num_kv_heads(tp)}
+    return CompileOptions(**(opts | overrides))
+
+
+def _headroom(cfg, speculative: bool) -> int:
+    """The columns SGLang's ``req_to_token`` has past the model's context: its own function where the
+    config is published (it knows the paged drafters' footprint), else its default, 4 plus the drafts."""
+    try:
+        from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
+
+        return get_req_to_token_extra_context_len()
+    except (ImportError, ValueError):  # no published runtime config in this process
+        return 4 + ((cfg.speculative_num_draft_tokens or 0) if speculative else 0)

@@ -1,0 +1,187 @@
+"""EAGLE's draft decode through attnmeta: SGLang's own multi-step draft backends, every step's
+metadata compiled into one recorded kernel.
+
+``TritonDraftBackend`` is SGLang's ``TritonMultiStepDraftBackend`` and ``FlashInferDraftBackend``
+SGLang's ``FlashInferMultiStepDraftBackend`` (subclasses, built by SGLang's ``__init__``; their
+per-step children are SGLang's own backends, whose attention runs the steps). Instead of SGLang's
+per-round index kernel, split heuristic and (FlashInfer) per-step ``plan()`` calls, a compiled
+``multistep_<kind>`` backend plans every step of a round (``step<s>_*`` fields over the ``bs * topk``
+branch rows, each branch's drafted slots after the prefix as SGLang lays them out), and each child's
+``forward_metadata`` is SGLang's metadata object over step ``s``'s buffers.
+
+``patch_draft_factory`` teaches SGLang's ``DraftBackendFactory`` the ``attnmeta_*`` names, for draft
+decode and for draft extend (the target's kind of backend, built on the draft runner).
+"""
+
+from __future__ import annotations
+
+from attnmeta.compiler import compile_backend
+from attnmeta.compiler.ir.errors import OptionsError
+
+from .backend import FlashInferBackend, TritonBackend, resolved_options, split_scratch
+from .batch import MODES, BatchView
+from .served import check_agrees
+
+try:
+    from sglang.srt.layers.attention.flashinfer_backend import (
+        FlashInferMultiStepDraftBackend as _SGLangFlashInferDraft,
+    )
+    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend as _SGLangTritonDraft
+except ImportError as e:  # the optional extra: say so once, at import
+    raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
+
+DECODING = frozenset(MODES[m] for m in ("DECODE", "IDLE"))
+
+
+class _Drafter:
+    """Mixin before SGLang's multi-step draft backend class."""
+
+    spec_name = ""
+
+    def _attach(self, runner, compiled, wanted) -> None:
+        if compiled is None:
+            compiled = compile_backend(self.spec_name, wanted)
+        else:
+            check_agrees(compiled.options, wanted, "the compiled draft backend")
+        self.attnmeta = compiled.instantiate(runner.req_to_token_pool.req_to_token, device=runner.device)
+        self._view = BatchView()
+        self._shaped: dict[int, tuple] = {}  # bs -> (bound fields, one metadata object per step)
+        self._ours = False
+
+    def _serves(self, fb) -> bool:
+        return MODES.get(getattr(fb.forward_mode, "name", None)) in DECODING and fb.batch_size <= self.attnmeta.max_bs
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        if max_bs > self.attnmeta.max_bs:
+            raise OptionsError(f"SGLang captures draft batches up to {max_bs} but {self.spec_name} was compiled "
+                               f"for max_bs={self.attnmeta.max_bs}; compile with max_bs >= {max_bs}")
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        self._shaped.clear()
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        if not self._serves(forward_batch):
+            self._ours = False
+            return super().init_forward_metadata(forward_batch)
+        self.init_forward_metadata_out_graph(forward_batch)
+        self.init_forward_metadata_in_graph(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if not self._serves(forward_batch):
+            self._ours = False
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        v = self._view.fill(forward_batch)
+        self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
+        m = self.attnmeta.forward_metadata
+        hit = self._shaped.get(v.batch_size)
+        if hit is None or hit[0] is not m:
+            hit = self._shaped[v.batch_size] = (m, [self._shape(m, s) for s in range(len(self.attn_backends))])
+        for child, meta in zip(self.attn_backends, hit[1], strict=True):
+            child.forward_metadata = meta
+        self._ours = True
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        if not self._ours:
+            return super().init_forward_metadata_in_graph(forward_batch)
+        self.attnmeta.init_forward_metadata_in_graph(self._view)
+
+    def _shape(self, m, step: int):
+        raise NotImplementedError
+
+
+def _step(m, s: int, field: str):
+    return getattr(m, f"step{s}_{field}")
+
+
+class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
+    """SGLang's Triton multi-step drafter; each step's ``kv_indptr``/``kv_indices`` and the round's
+    split counts (planned once over the prefix, as SGLang plans them) from ``multistep_triton``."""
+
+    spec_name = "multistep_triton"
+
+    def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None):
+        super().__init__(model_runner, topk, speculative_num_steps)
+        c = self.attn_backends[0]
+        if self.window_rail or c.use_sliding_window_kv_pool or self.draft_window_size > 0:
+            raise OptionsError("attnmeta's multistep_triton does not plan a draft window or sliding-window layers; "
+                               "serve this draft with SGLang's own triton backend")
+        static = c.static_kv_splits or c.device_core_count <= 0
+        wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
+                                  num_steps=speculative_num_steps, num_heads=c.num_head, num_kv_heads=c.num_kv_head,
+                                  sm_count=0 if static else c.device_core_count, max_kv_splits=c.max_kv_splits)
+        self._attach(model_runner, compiled, wanted)
+        self._eager_scratch: dict = {}
+
+    def _shape(self, m, s: int):
+        from sglang.srt.layers.attention.triton_backend import ForwardMetadata
+
+        rows = self.attnmeta.max_bs * self.topk
+        logits, lse, mp, lp, op, locks = split_scratch(self.attn_backends[s], rows, self._eager_scratch)
+        return ForwardMetadata(attn_logits=logits, attn_lse=lse, max_extend_len=None,
+                               num_kv_splits=_step(m, s, "num_kv_splits"), kv_indptr=_step(m, s, "kv_indptr"),
+                               kv_indices=_step(m, s, "kv_indices"), qo_indptr=None, custom_mask=None,
+                               mask_indptr=None, window_kv_indptr=None, window_kv_indices=None,
+                               window_num_kv_splits=None, window_kv_offsets=None, lean_Mp=mp, lean_Lp=lp, lean_Op=op,
+                               lean_locks=locks, uneven_batch=_step(m, s, "uneven_batch").view(1))
+
+
+class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
+    """SGLang's FlashInfer multi-step drafter; each step's wrapper planned once, then on the GPU from
+    that step's compiled ``kv_indptr`` (``multistep_flashinfer``), no host indptr copied back per round."""
+
+    spec_name = "multistep_flashinfer"
+
+    def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None, planner="device"):
+        super().__init__(model_runner, topk, speculative_num_steps)
+        from sglang.srt.runtime_context import get_parallel
+
+        from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+
+        c, mc = self.attn_backends[0], model_runner.model_config
+        if self.draft_window_size > 0 or c.num_wrappers != 1:
+            raise OptionsError("attnmeta's multistep_flashinfer does not plan a draft window or two wrappers "
+                               "(sliding-window or cross attention); serve this draft with SGLang's flashinfer")
+        tp = get_parallel().attn_tp_size
+        heads = (mc.num_attention_heads // tp, mc.get_num_kv_heads(tp), mc.head_dim)
+        wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
+                                  num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1])
+        self._attach(model_runner, compiled, wanted)
+        self.adapter = FlashInferDecodeAdapter(self.attnmeta, *heads, q_dtype=mc.dtype,
+                                               kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,
+                                               use_tensor_cores=c.decode_use_tensor_cores, planner=planner)
+
+    def _shape(self, m, s: int):
+        from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata
+
+        return DecodeMetadata(decode_wrappers=[_step(m, s, "plan")])
+
+
+DRAFTERS = {"triton": TritonDraftBackend, "flashinfer": FlashInferDraftBackend}
+EXTENDERS = {"triton": TritonBackend, "flashinfer": FlashInferBackend}
+
+
+def patch_draft_factory(prefix: str = "attnmeta_") -> None:
+    """SGLang's ``DraftBackendFactory`` picks a backend from a table of its own kinds; teach it
+    ``prefix + kind`` for draft decode (the multi-step drafters above) and draft extend (the kind's
+    backend on the draft runner). Idempotent."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    if getattr(DraftBackendFactory._create_backend, "attnmeta", False):
+        return
+    original = DraftBackendFactory._create_backend
+
+    def _create_backend(self, backend_name, backend_map, error_template, stamps_children=False):
+        runner, extra = self.draft_model_runner, {}
+        for kind in DRAFTERS:
+            name = prefix + kind
+            if stamps_children:  # draft decode: a multi-step container
+                extra[name] = (lambda k=kind, n=name: (n, DRAFTERS[k](runner, self.topk, self.speculative_num_steps))
+                               if self.speculative_num_steps > 1 else (n, None))
+            else:
+                extra[name] = lambda k=kind, n=name: (n, EXTENDERS[k](runner, skip_prefill=False))
+        return original(self, backend_name, {**backend_map, **extra}, error_template, stamps_children)
+
+    _create_backend.attnmeta = True
+    DraftBackendFactory._create_backend = _create_backend
+
+
+__all__ = ["DRAFTERS", "FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]

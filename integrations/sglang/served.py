@@ -1,0 +1,156 @@
+"""SGLang's own attention backend, with the modes it captures served by a compiled attnmeta backend.
+
+``CompiledModes`` is a mixin placed before one of SGLang's backend classes: the object *is* SGLang's
+backend (built by SGLang's ``__init__`` from the model runner, so heads per attention-TP rank, the
+context, the page size, the split cap and the draft settings are SGLang's resolved values), and
+attention, KV stores, prefill and every path attnmeta does not compile stay SGLang's code. What
+changes is the metadata of the batches attnmeta serves:
+
+- the modes SGLang captures (decode, idle, target verify, draft extend V2) that the backend was
+  compiled for, at any size up to the compiled ``max_bs``: out_graph stages the batch (checked), in
+  out_graph the planners run, in_graph is the one recorded kernel;
+- everything else (prefill and extend, mixed, a mode not compiled, an eager batch larger than any
+  captured size) goes to SGLang's own methods, unchanged.
+
+``forward_metadata`` is SGLang's own metadata class of that kind, built over the compiled buffers
+once per (mode, size) by the subclass's ``_shape`` and reused, so SGLang's kernels and model code
+read it unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.compiler.ir.errors import ContractError, OptionsError
+
+from .batch import MODES, BatchView
+
+log = logging.getLogger("attnmeta.runtime")
+
+CAPTURED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
+# the options that shape metadata: a compiled backend must agree with SGLang's resolved ones
+AGREE = ("page_size", "max_context_len", "num_heads", "num_kv_heads", "num_draft_tokens", "topk", "num_steps",
+         "sm_count", "max_kv_splits")
+
+
+def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the compiled backend") -> None:
+    """``have`` (compiled) against ``want`` (what SGLang resolved): every disagreement named with both
+    values, or nothing. A missing mode and a smaller ``max_bs`` are disagreements too."""
+    bad = [f"{n}: compiled {getattr(have, n)}, SGLang {getattr(want, n)}" for n in AGREE
+           if getattr(have, n) != getattr(want, n)]
+    missing = sorted(m.name.lower() for m in set(want.modes) - set(have.modes))
+    if missing:
+        bad.append(f"modes {missing} are not compiled")
+    if have.max_bs < want.max_bs:
+        bad.append(f"max_bs: compiled {have.max_bs}, SGLang captures up to {want.max_bs}")
+    if bad:
+        raise OptionsError(f"{what} does not match this SGLang server (" + "; ".join(bad) + "); compile it with "
+                           "the server's options (attnmeta.integrations.sglang.compile_options, or let the "
+                           "registry compile at start: unset ATTNMETA_ARTIFACT)")
+
+
+class CompiledModes:
+    """Mixin: SGLang's backend of this kind, its captured modes' metadata from ``self.attnmeta``."""
+
+    spec_name: str = ""
+
+    # --- set-up (called by the subclass's __init__, after SGLang's) ---
+    def _attach(self, compiled, wanted: CompileOptions, req_to_token, device, **pools) -> None:
+        why = self.unserved()
+        if why:
+            raise OptionsError(f"attnmeta's {self.spec_name} metadata does not plan " + ", ".join(why) +
+                               f"; serve this configuration with SGLang's own backend (--attention-backend "
+                               f"{self.sglang_name})")
+        if compiled is None:
+            compiled = compile_backend(self.spec_name, wanted)
+        elif compiled.spec.name != self.spec_name:
+            raise OptionsError(f"{type(self).__name__} serves attnmeta's {self.spec_name!r} spec; got a backend "
+                               f"compiled from {compiled.spec.name!r}")
+        else:
+            check_agrees(compiled.options, wanted, "the compiled artifact")
+        self.attnmeta = compiled.instantiate(req_to_token, device=device, pools=pools or None)
+        self._view = BatchView()
+        self._ours = None  # the batch whose metadata attnmeta staged last (in_graph must follow it)
+        self._shaped: dict[tuple, tuple] = {}  # (mode, bs) -> (bound fields, SGLang's metadata object)
+        self._too_big_logged = False
+
+    sglang_name = ""  # SGLang's own --attention-backend name of this kind
+
+    def unserved(self) -> list[str]:
+        """What of this SGLang backend's configuration the spec does not plan (each by name)."""
+        return []
+
+    # --- routing ---
+    def _serves(self, fb) -> bool:
+        mode = MODES.get(getattr(fb.forward_mode, "name", None))
+        if mode not in CAPTURED or mode.graph_key not in self.attnmeta.compiled.generic:
+            return False
+        if fb.batch_size > self.attnmeta.max_bs:  # SGLang runs these eagerly; so does its own code here
+            if not self._too_big_logged:
+                log.info("%s batches larger than the compiled max_bs=%d run SGLang's own metadata code",
+                         mode.name.lower(), self.attnmeta.max_bs)
+                self._too_big_logged = True
+            return False
+        return True
+
+    # --- SGLang's graph-runner hooks ---
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        if max_bs > self.attnmeta.max_bs:
+            raise OptionsError(f"SGLang captures batches up to {max_bs} but the {self.spec_name} backend was "
+                               f"compiled for max_bs={self.attnmeta.max_bs}; compile with max_bs >= {max_bs}")
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        self._shaped.clear()  # SGLang's scratch buffers the metadata objects hold were just made
+
+    def glue_target_verify_metadata(self) -> str:
+        return "attnmeta plans this metadata"  # SGLang's metadata glue graph stays off
+
+    def glue_draft_metadata(self) -> str:
+        return "attnmeta plans this metadata"
+
+    # --- the contract ---
+    def init_forward_metadata(self, forward_batch) -> None:
+        if not self._serves(forward_batch):
+            self._ours = None
+            return super().init_forward_metadata(forward_batch)
+        self.init_forward_metadata_out_graph(forward_batch)
+        self.init_forward_metadata_in_graph(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if not self._serves(forward_batch):
+            self._ours = None
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        v = self._view.fill(forward_batch)
+        self._before_staging(v, in_capture)
+        self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
+        m, key = self.attnmeta.forward_metadata, (v.forward_mode, v.batch_size)
+        hit = self._shaped.get(key)
+        if hit is None or hit[0] is not m:  # the first step of this plan, or its buffers were bound again
+            hit = self._shaped[key] = (m, self._shape(m, v))
+        self._per_step(hit[1], m, v, in_capture)
+        self.forward_metadata = hit[1]
+        self._ours = forward_batch
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        if self._ours is None:
+            return super().init_forward_metadata_in_graph(forward_batch)
+        # SGLang may hand in_graph another object than out_graph (a view of the same batch): the pair must
+        # agree on what the captured kernel was staged for
+        if forward_batch.batch_size != self._view.batch_size or \
+                MODES.get(getattr(forward_batch.forward_mode, "name", None)) is not self._view.forward_mode:
+            raise ContractError(f"init_forward_metadata_in_graph got a {forward_batch.forward_mode} batch of "
+                                f"{forward_batch.batch_size} rows after init_forward_metadata_out_graph staged "
+                                f"{self._view.forward_mode.name} x {self._view.batch_size}; call them in pairs on "
+                                "the same batch")
+        self.attnmeta.init_forward_metadata_in_graph(self._view)
+
+    # --- what each kind supplies ---
+    def _before_staging(self, v: BatchView, in_capture: bool) -> None:
+        """Work before the batch is staged (the verify mask where a planner packs it)."""
+
+    def _shape(self, m, v: BatchView):
+        """SGLang's metadata object of this kind over the bound fields ``m`` (once per plan)."""
+        raise NotImplementedError
+
+    def _per_step(self, meta, m, v: BatchView, in_capture: bool) -> None:
+        """Per-step updates of the shaped object (fields that are not static buffers)."""

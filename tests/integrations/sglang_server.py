@@ -1,0 +1,347 @@
+"""SGLang's serving flow on a CPU, built from SGLang's own classes, for the integration tests.
+
+``Server(flags)`` starts where a user starts: the command-line flags, parsed by SGLang's own
+``prepare_server_args`` and resolved by its resolution pipeline (model-dependent EAGLE defaults,
+capture sizes, page size), the runtime config published as a scheduler process publishes it,
+``ModelConfig`` read from a small local ``config.json``, SGLang's own request and KV pools and its
+``KVIndexTranslator``, and a real ``ModelRunner`` object carrying them. The attention backends are
+then built by SGLang's own setup code (``get_attention_backend``: its registry, hybrid
+prefill/decode) and, with EAGLE, its ``DraftBackendFactory`` on a draft runner. ``own(kind)`` is
+SGLang's own backend of the same kind on the same runner: the oracle.
+
+What stands in for a GPU server: the flags add ``--device cuda`` (so SGLang resolves its CUDA
+defaults) while the pools live on the CPU; the model's weights are never loaded (attention
+metadata needs none); the pools' rows are filled as SGLang's allocator fills them (whole pages, row
+0 reserved) rather than by running its allocator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+    get_attention_backend,
+    resolve_attention_backend_strs,
+)
+from sglang.srt.runtime_context import create_context, get_spec, use_context
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from attnmeta.integrations.sglang import register
+
+# a Llama small enough for a CPU: 8 query / 2 KV heads of 64, a 1024-token context
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+         "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+         "vocab_size": 1024, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False}
+ROWS, SLOTS = 24, 1 << 15  # request rows and KV slots of the pools
+
+
+def model_dir() -> str:
+    d = os.path.join(tempfile.gettempdir(), "attnmeta-sglang-llama")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(LLAMA, f)
+    return d
+
+
+class Server:
+    """One SGLang server's state, from its flags (``flags``: what a user types after
+    ``python -m sglang.launch_server``, without ``--model-path``)."""
+
+    def __init__(self, flags: list[str], seed: int = 0):
+        register()
+        path = model_dir()
+        args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
+        if "--speculative-algorithm" in flags and "--speculative-draft-model-path" not in flags:
+            args += ["--speculative-draft-model-path", path]
+        self.args = prepare_server_args(args)
+        self.context = create_context(self.args, role="scheduler")  # SGLang resolves the flags here
+        with self.active():
+            self.model_config = ModelConfig.from_server_args(self.args)
+            self.spec = get_spec()
+            self.speculative = self.spec.speculative_algorithm is not None
+            self.runner = self._runner(seed)
+            from attnmeta.integrations.sglang.options import capture_sizes
+
+            self.sizes = capture_sizes(self.runner)  # what SGLang's decode graph runner captures
+            self.backend = self._build(self.runner)
+            self.draft_runner = self.draft_decode = self.draft_extend = None
+            if self.speculative:
+                from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+                self.draft_runner = self._draft_runner()
+                f = DraftBackendFactory(self.draft_runner, self.spec.speculative_eagle_topk,
+                                        self.spec.speculative_num_steps)
+                self.draft_decode = f.create_decode_backend()
+                self.draft_extend = f.create_draft_extend_backend()
+
+    @contextmanager
+    def active(self):
+        """This server's published config (SGLang's is per process; tests hold several servers)."""
+        with use_context(self.context):
+            yield self
+
+    # --- the runner, as ModelRunner's own set-up leaves it ---
+    def _runner(self, seed: int) -> ModelRunner:
+        mc, r = self.model_config, object.__new__(ModelRunner)
+        from sglang.srt.runtime_context import get_parallel, get_schedule
+
+        P, tp = get_schedule().page_size or 1, get_parallel().attn_tp_size
+        r.server_args, r.model_config, r.device, r.gpu_id, r.tp_rank = self.args, mc, "cpu", 0, 0
+        r.is_draft_worker, r.draft_attention_backend = False, None
+        r.spec_algorithm = SpeculativeAlgorithm.from_string(self.spec.speculative_algorithm)
+        r.page_size, r.sliding_window_size, r.init_new_workspace = P, None, False
+        r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, torch.bfloat16, torch.bfloat16
+        r.req_to_token_pool = ReqToTokenPool(ROWS - 1, mc.context_len + get_req_to_token_extra_context_len(), "cpu",
+                                             False)
+        r.token_to_kv_pool = MHATokenToKVPool(SLOTS, P, torch.bfloat16, mc.get_num_kv_heads(tp), mc.head_dim,
+                                              mc.num_hidden_layers, "cpu", False)
+        r.token_to_kv_pool_allocator = (
+            TokenToKVPoolAllocator(SLOTS, torch.bfloat16, "cpu", r.token_to_kv_pool, False) if P == 1 else
+            PagedTokenToKVPoolAllocator(SLOTS, P, torch.bfloat16, "cpu", r.token_to_kv_pool, False))
+        r.init_kv_index_translator()
+        fill_pool(r.req_to_token_pool.req_to_token, P, seed)
+        return r
+
+    def _draft_runner(self) -> ModelRunner:
+        """EAGLE's draft runner: the target's pools (SGLang shares them), its own backend choice."""
+        d = object.__new__(ModelRunner)
+        d.__dict__.update(self.runner.__dict__)
+        d.is_draft_worker = True
+        d.init_kv_index_translator()
+        return d
+
+    @staticmethod
+    def _build(runner):
+        resolved = resolve_attention_backend_strs(model_runner=runner)
+        runner.prefill_attention_backend_str, runner.decode_attention_backend_str = resolved.prefill, resolved.decode
+        return get_attention_backend(model_runner=runner)
+
+    def own(self, kind: str, runner=None):
+        """SGLang's own backend of ``kind`` on the same runner (pools, config): the oracle."""
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        with self.active():
+            return ATTENTION_BACKENDS[kind](runner or self.runner)
+
+    def own_drafters(self, kind: str):
+        """SGLang's own draft decode and draft extend backends of ``kind`` on the draft runner."""
+        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+        with self.active():
+            d = object.__new__(ModelRunner)
+            d.__dict__.update(self.draft_runner.__dict__)
+            d.draft_attention_backend = kind
+            f = DraftBackendFactory(d, self.spec.speculative_eagle_topk, self.spec.speculative_num_steps)
+            return f.create_decode_backend(), f.create_draft_extend_backend()
+
+
+def fill_pool(req_to_token: torch.Tensor, P: int, seed: int) -> None:
+    """Each request row a random list of whole pages (page 0 unused), as SGLang's paged allocator
+    hands them out: token j of a row sits at slot ``page * P + j % P``. Row 0 stays all zeros."""
+    rows, width = req_to_token.shape
+    g = torch.Generator().manual_seed(seed)
+    pages_per_row = -(-width // P)
+    pages = torch.randperm(SLOTS // P - 1, generator=g)[: (rows - 1) * pages_per_row] + 1
+    pages = pages[: (rows - 1) * pages_per_row].view(rows - 1, pages_per_row)
+    slots = (pages.repeat_interleave(P, dim=1) * P + torch.arange(pages_per_row * P) % P)[:, :width]
+    req_to_token[1:] = slots.to(torch.int32)
+
+
+# --- batches, as SGLang's scheduler and workers hand them to the backend ---
+def _batch(server: Server, runner, mode: ForwardMode, rows: list[int], seq: list[int], tokens: int, spec=None,
+           **extra) -> ForwardBatch:
+    n = len(rows)
+    seq_t = torch.tensor(seq, dtype=torch.int64)
+    fb = ForwardBatch(forward_mode=mode, batch_size=n, input_ids=torch.zeros(tokens, dtype=torch.int64),
+                      req_pool_indices=torch.tensor(rows, dtype=torch.int64), seq_lens=seq_t,
+                      out_cache_loc=torch.arange(1, tokens + 1, dtype=torch.int64), seq_lens_sum=int(seq_t.sum()),
+                      seq_lens_cpu=seq_t.clone(), positions=torch.zeros(tokens, dtype=torch.int64), spec_info=spec,
+                      **extra)
+    plan = runner.kv_index_translator.own_plan(fb)  # as ForwardBatch.init_new binds it
+    plan.bind(fb, runner.kv_index_translator, cols=None)
+    return fb
+
+
+def prefill(server: Server, rows: list[int], prefix: list[int], new: list[int], mixed: bool = False):
+    """A prefill (or chunked-prefill) batch: ``new`` tokens after ``prefix`` cached ones per request."""
+    seq = [p + e for p, e in zip(prefix, new, strict=True)]
+    ext = dict(extend_seq_lens=torch.tensor(new, dtype=torch.int32), extend_seq_lens_cpu=list(new),
+               extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32), extend_prefix_lens_cpu=list(prefix),
+               extend_num_tokens=sum(new), extend_start_loc=torch.tensor([0, *torch.tensor(new).cumsum(0)[:-1].tolist()],
+                                                                        dtype=torch.int32),
+               extend_logprob_start_lens_cpu=[0] * len(rows))
+    mode = ForwardMode.MIXED if mixed else ForwardMode.EXTEND
+    return _batch(server, server.runner, mode, rows, seq, sum(new), **ext)
+
+
+def decode(server: Server, rows: list[int], seq: list[int], idle: bool = False):
+    if idle:
+        return _batch(server, server.runner, ForwardMode.IDLE, [], [], 0)
+    return _batch(server, server.runner, ForwardMode.DECODE, rows, seq, len(rows))
+
+
+def tree_mask(seq: list[int], D: int, rng: random.Random) -> torch.Tensor:
+    """A drafter's tree mask as SGLang lays it out (request i: D rows of seq_i + D, back to back):
+    every row sees its prefix and itself, and a random subset of the other drafts."""
+    parts = []
+    for s in seq:
+        m = torch.zeros(D, s + D, dtype=torch.bool)
+        m[:, :s] = True
+        for t in range(D):
+            m[t, s + t] = True
+            for u in range(t):
+                m[t, s + u] = rng.random() < 0.5
+        parts.append(m.flatten())
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+
+
+def verify(server: Server, rows: list[int], seq: list[int], rng: random.Random):
+    """TARGET_VERIFY: D drafted tokens per request, with the drafter's tree mask."""
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+    from sglang.srt.speculative.spec_info import SpecInputType  # noqa: F401 - the input's type is SGLang's
+
+    D, K = server.spec.speculative_num_draft_tokens, server.spec.speculative_eagle_topk
+    n = len(rows)
+    spec = EagleVerifyInput(draft_token=torch.zeros(n * D, dtype=torch.int64), custom_mask=tree_mask(seq, D, rng),
+                            positions=torch.zeros(n * D, dtype=torch.int64), retrieve_index=None,
+                            retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
+                            spec_steps=server.spec.speculative_num_steps, topk=K, draft_token_num=D,
+                            capture_hidden_mode=None, seq_lens_sum=sum(seq), seq_lens_cpu=torch.tensor(seq))
+    return _batch(server, server.runner, ForwardMode.TARGET_VERIFY, rows, seq, n * D, spec=spec)
+
+
+def draft_decode(server: Server, rows: list[int], seq: list[int]):
+    """The drafter's round: a DECODE batch whose spec_info is EAGLE's draft input; each branch's
+    position is its request's length (the first drafted token's), as EAGLE's worker sets it."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    K, n = server.spec.speculative_eagle_topk, len(rows)
+    spec = EagleDraftInput(topk_p=torch.zeros(n, K), topk_index=torch.zeros(n, K, dtype=torch.int64),
+                           hidden_states=torch.zeros(n, LLAMA["hidden_size"]))
+    fb = _batch(server, server.draft_runner, ForwardMode.DECODE, rows, seq, n * K, spec=spec)
+    fb.positions = torch.tensor(seq, dtype=torch.int64).repeat_interleave(K)
+    return fb
+
+
+def draft_extend(server: Server, rows: list[int], prefix: list[int]):
+    """DRAFT_EXTEND_V2 as EAGLE's v2 worker prepares it (``prepare_for_draft_extend``): every request
+    extends by the D draft slots after its ``prefix`` (the accepted tokens first), so the extend
+    lengths are all D, the prefix lengths the old lengths and ``seq_lens`` counts the D slots."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    D, n = server.spec.speculative_num_draft_tokens, len(rows)
+    spec = EagleDraftInput(hidden_states=torch.zeros(n * D, LLAMA["hidden_size"]))
+    spec.num_tokens_per_req = D
+    seq = [p + D for p in prefix]
+    return _batch(server, server.draft_runner, ForwardMode.DRAFT_EXTEND_V2, rows, seq, n * D, spec=spec,
+                  extend_seq_lens=torch.full((n,), D, dtype=torch.int32), extend_seq_lens_cpu=[D] * n,
+                  extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32), extend_prefix_lens_cpu=list(prefix))
+
+
+__all__ = ["LLAMA", "ROWS", "Server", "SimpleNamespace", "decode", "draft_decode", "draft_extend", "fill_pool",
+           "prefill", "tree_mask", "verify"]
+
+
+# --- SGLang's three graph runners, as they drive a backend (capture, then pad, view and replay) ---
+class Runners:
+    """Capture and replay as SGLang's ``DecodeCudaGraphRunner`` (decode, idle, target verify),
+    ``EagleDraftCudaGraphRunner`` (draft decode) and ``EAGLEDraftExtendCudaGraphRunner`` (draft
+    extend V2) do, over attnmeta's emulated graph on a CPU: ``init_cuda_graph_state`` once, then per
+    captured size a dummy batch (pool row 0, the backend's fill) through out_graph(in_capture=True) and
+    in_graph recorded; at replay the runner's buffers padded to the captured size and the view each
+    runner hands out_graph (decode: SGLang's own ``build_replay_fb_view``; draft decode: the batch with
+    ``num_padding``; draft extend: its buffers without ``num_padding``, the live tokens only)."""
+
+    def __init__(self, server: Server, backend, kind: str, width: int = 1):
+        from attnmeta.runtime import EmulatedGraph
+
+        self.server, self.backend, self.kind, self.width = server, backend, kind, width
+        self.sizes = server.sizes
+        self.fill = backend.get_cuda_graph_seq_len_fill_value() if hasattr(backend,
+                                                                           "get_cuda_graph_seq_len_fill_value") else 1
+        self.graphs: dict = {}
+        self._graph = EmulatedGraph
+        with server.active():
+            backend.init_cuda_graph_state(max(self.sizes), max(self.sizes) * width)
+
+    def bucket(self, n: int) -> int:
+        return min(s for s in self.sizes if s >= n)
+
+    def capture(self, make, mode_key) -> None:
+        """``make(bs)``: the capture batch of a size (pool row 0, fill lengths)."""
+        with self.server.active():
+            for bs in self.sizes:
+                fb = make(bs)
+                self.backend.init_forward_metadata_out_graph(fb, in_capture=True)
+                g = self._graph()
+                with g.capture():
+                    self.backend.init_forward_metadata_in_graph(fb)
+                self.graphs[(mode_key, bs)] = g
+
+    def replay(self, fb, mode_key, view):
+        with self.server.active():
+            self.backend.init_forward_metadata_out_graph(view)
+            self.graphs[(mode_key, view.batch_size)].replay()
+
+
+def padded(fb, bs: int, fill: int):
+    """The runner's buffers: the live rows, then request row 0 at the fill length."""
+    raw = fb.batch_size
+    seq = torch.full((bs,), fill, dtype=torch.int64)
+    rows = torch.zeros(bs, dtype=torch.int64)
+    seq[:raw], rows[:raw] = fb.seq_lens, fb.req_pool_indices
+    return seq, rows, raw
+
+
+def decode_view(fb, bs: int, fill: int, width: int):
+    """What SGLang's decode graph runner hands out_graph at replay (its own ``build_replay_fb_view``)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+
+    seq, rows, raw = padded(fb, bs, fill)
+    if fb.forward_mode.is_idle():
+        raw = 0
+    bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64), positions=torch.zeros(bs * width),
+                           req_pool_indices=rows, seq_lens=seq, seq_lens_cpu=seq.clone(), encoder_lens=None,
+                           mamba_track_indices=None)
+    mode = ForwardMode.DECODE if fb.forward_mode.is_idle() else fb.forward_mode
+    return build_replay_fb_view(fb, bufs, bs, raw, bs * width, None, fill, mode, False)
+
+
+def draft_decode_view(fb, bs: int, fill: int):
+    """EagleDraftCudaGraphRunner: the batch re-pointed at its padded buffers, plus ``num_padding``."""
+    seq, rows, raw = padded(fb, bs, fill)
+    K = fb.positions.numel() // max(raw, 1)
+    positions = torch.zeros(bs * K, dtype=torch.int64)  # the runner zeroes its buffer, then copies the live rows
+    positions[: raw * K] = fb.positions
+    view = dict(vars(fb), batch_size=bs, seq_lens=seq, req_pool_indices=rows, seq_lens_cpu=seq.clone(),
+                seq_lens_sum=int(seq.sum()), positions=positions)
+    return SimpleNamespace(**view, num_padding=bs - raw)
+
+
+def draft_extend_view(fb, bs: int, fill: int, width: int):
+    """EAGLEDraftExtendCudaGraphRunner: its buffers at the captured size (padded rows: request row 0,
+    the fill length, ``width`` accepted), the live requests' tokens only, no ``num_padding``."""
+    seq, rows, raw = padded(fb, bs, fill)
+    ext = torch.full((bs,), width, dtype=torch.int32)  # the runner's buffer: the batch's lengths, padded rows width
+    ext[:raw] = fb.extend_seq_lens
+    fb.spec_info.extend_seq_lens_tensor, fb.spec_info.extend_seq_lens_cpu = ext, ext.tolist()
+    return SimpleNamespace(batch_size=bs, forward_mode=fb.forward_mode, input_ids=fb.input_ids,
+                           req_pool_indices=rows, seq_lens=seq, seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone(),
+                           encoder_lens=None, out_cache_loc=fb.out_cache_loc, kv_loc_plan=fb.kv_loc_plan,
+                           kv_loc_cols=None, out_cache_loc_virtual=None, spec_info=fb.spec_info,
+                           mamba_track_indices=None, positions=fb.positions)
