@@ -1,13 +1,14 @@
 """Serve a model with SGLang using attnmeta's backends: register them, then launch SGLang as usual.
 
-    attnmeta compile triton --max-bs 160 --max-context-len 8192 --out triton.attnmeta   # optional
-    ATTNMETA_ARTIFACT=triton.attnmeta python examples/sglang_server.py \\
-        --model-path <model> --attention-backend attnmeta_triton
+    python examples/sglang_server.py --model-path <model> --attention-backend attnmeta_triton
+    python examples/sglang_server.py --model-path <model> --attention-backend attnmeta_flashinfer \\
+        --speculative-algorithm EAGLE --speculative-draft-model-path <draft>
 
 ``register()`` runs at import, so SGLang's worker processes (started with ``spawn``, which
-re-imports this file) see the backends too. Without ``ATTNMETA_ARTIFACT`` each worker compiles the
-backend from the server's arguments at startup (about a second). Needs a GPU and a model: the
-test suite imports this file and checks the registration, it does not start a server.
+re-imports this file) see the backends too. Each worker compiles its backends at startup from what
+SGLang resolved (about a second), or loads ``ATTNMETA_ARTIFACT`` and checks it against the server.
+Needs a GPU and a model: the CPU tests import this file and check the registration;
+``tests/gpu/test_sglang_engine.py`` serves through SGLang's engine on an H200.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 from attnmeta.integrations.sglang import register
 
-BACKENDS = register()  # attnmeta_triton, attnmeta_flashinfer, attnmeta_flashattention, attnmeta_dsv4
+BACKENDS = register()  # attnmeta_triton, attnmeta_flashinfer, attnmeta_dsv4
 
 
 def main(argv=None) -> None:

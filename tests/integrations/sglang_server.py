@@ -105,14 +105,15 @@ class Server:
         r.is_draft_worker, r.draft_attention_backend = False, None
         r.spec_algorithm = SpeculativeAlgorithm.from_string(self.spec.speculative_algorithm)
         r.page_size, r.sliding_window_size, r.init_new_workspace = P, None, False
-        r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, torch.bfloat16, torch.bfloat16
+        # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
+        r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, torch.float32, torch.float32
         r.req_to_token_pool = ReqToTokenPool(ROWS - 1, mc.context_len + get_req_to_token_extra_context_len(), "cpu",
                                              False)
-        r.token_to_kv_pool = MHATokenToKVPool(SLOTS, P, torch.bfloat16, mc.get_num_kv_heads(tp), mc.head_dim,
+        r.token_to_kv_pool = MHATokenToKVPool(SLOTS, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim,
                                               mc.num_hidden_layers, "cpu", False)
         r.token_to_kv_pool_allocator = (
-            TokenToKVPoolAllocator(SLOTS, torch.bfloat16, "cpu", r.token_to_kv_pool, False) if P == 1 else
-            PagedTokenToKVPoolAllocator(SLOTS, P, torch.bfloat16, "cpu", r.token_to_kv_pool, False))
+            TokenToKVPoolAllocator(SLOTS, r.kv_cache_dtype, "cpu", r.token_to_kv_pool, False) if P == 1 else
+            PagedTokenToKVPoolAllocator(SLOTS, P, r.kv_cache_dtype, "cpu", r.token_to_kv_pool, False))
         r.init_kv_index_translator()
         fill_pool(r.req_to_token_pool.req_to_token, P, seed)
         return r
@@ -182,8 +183,8 @@ def prefill(server: Server, rows: list[int], prefix: list[int], new: list[int], 
     seq = [p + e for p, e in zip(prefix, new, strict=True)]
     ext = dict(extend_seq_lens=torch.tensor(new, dtype=torch.int32), extend_seq_lens_cpu=list(new),
                extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32), extend_prefix_lens_cpu=list(prefix),
-               extend_num_tokens=sum(new), extend_start_loc=torch.tensor([0, *torch.tensor(new).cumsum(0)[:-1].tolist()],
-                                                                        dtype=torch.int32),
+               extend_num_tokens=sum(new),
+               extend_start_loc=torch.tensor([0, *torch.tensor(new).cumsum(0)[:-1].tolist()], dtype=torch.int32),
                extend_logprob_start_lens_cpu=[0] * len(rows))
     mode = ForwardMode.MIXED if mixed else ForwardMode.EXTEND
     return _batch(server, server.runner, mode, rows, seq, sum(new), **ext)

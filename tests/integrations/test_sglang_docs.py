@@ -24,13 +24,13 @@ def test_the_readme_has_an_sglang_snippet():
 @pytest.mark.parametrize("k", SGLANG_SNIPPETS)
 def test_readme_sglang_snippet_runs(k, capsys):
     run_snippet(k)
-    assert "sglang.srt.layers.attention.triton_backend [0, 5, 305]" in capsys.readouterr().out
+    assert "['attnmeta_triton', 'attnmeta_flashinfer', 'attnmeta_dsv4']" in capsys.readouterr().out
 
 
 def test_the_launcher_registers_the_backends():
     spec = importlib.util.spec_from_file_location("sglang_server", os.path.join(ROOT, "examples", "sglang_server.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.BACKENDS == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_flashattention", "attnmeta_dsv4"]
+    assert mod.BACKENDS == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_dsv4"]
     assert all(n in ATTENTION_BACKENDS for n in mod.BACKENDS)
     assert callable(mod.main)

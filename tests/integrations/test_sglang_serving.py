@@ -125,7 +125,7 @@ def test_prefill_and_mixed_are_sglangs_own(server):
             for be in (server.backend, own):
                 be.init_forward_metadata(prefill(server, rows, prefix, new, mixed))
             prefill_side = getattr(server.backend, "prefill_backend", server.backend)
-            same(prefill_side.forward_metadata, own.forward_metadata, ("kv_indptr", "kv_indices", "qo_indptr", "max_extend_len"), 3, "prefill")
+            same(prefill_side.forward_metadata, own.forward_metadata, EXTEND_FIELDS, 3, "prefill")
 
 
 def test_every_step_equals_sglangs_own_backend(server):
@@ -139,9 +139,9 @@ def test_every_step_equals_sglangs_own_backend(server):
     mine_r, own_r = Runners(server, be, "triton", D), Runners(server, own, "triton", D)
     with server.active():
         for r in (mine_r, own_r):
-            r.capture(lambda bs: decode(server, [0] * bs, [r.fill] * bs), "decode")
+            r.capture(lambda bs, r=r: decode(server, [0] * bs, [r.fill] * bs), "decode")
             if spec:
-                r.capture(lambda bs: verify(server, [0] * bs, [r.fill] * bs, random.Random(bs)), "verify")
+                r.capture(lambda bs, r=r: verify(server, [0] * bs, [r.fill] * bs, random.Random(bs)), "verify")
     drafters = None
     if spec:
         own_dd, own_de = server.own_drafters("triton")
@@ -188,7 +188,8 @@ def test_every_step_equals_sglangs_own_backend(server):
                     drive(r, fb, replayed, "extend", draft_extend_view, D)
                 same(drafters[1][0].backend.forward_metadata, theirs(drafters[1][1], fb, replayed), EXTEND_FIELDS,
                      n, f"draft extend {step}")
-    assert seen >= {(m, r) for m in modes for r in ((True, False) if m != "idle" else (True,))}, seen  # every mode eager and replayed
+    # every mode eager and replayed (idle: replayed only)
+    assert seen >= {(m, r) for m in modes for r in ((True, False) if m != "idle" else (True,))}, seen
 
 
 def drive(r: Runners, fb, replayed: bool, key: str, view, width) -> None:
