@@ -31,9 +31,11 @@ class _Wrapper:
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
-    def __init__(self, workspace, layout, use_cuda_graph, use_tensor_cores, paged_kv_indptr_buffer,
-                 paged_kv_indices_buffer, paged_kv_last_page_len_buffer):
-        assert use_cuda_graph and layout == "NHD"
+    def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False, paged_kv_indptr_buffer=None,
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None, backend="fa2"):
+        assert layout == "NHD"
+        if not use_cuda_graph:  # an engine's own eager wrapper (SGLang builds some at start): never planned here
+            return
         self.use_tensor_cores, self._backend, self._jit_module = use_tensor_cores, "fa2", None
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._int_workspace_buffer = torch.zeros(WS, dtype=torch.uint8)
@@ -52,9 +54,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
-    def __init__(self, workspace, layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf,
-                 paged_kv_last_page_len_buf, backend, custom_mask_buf=None, mask_indptr_buf=None):
-        assert use_cuda_graph and backend == "fa2"
+    def __init__(self, workspace, layout, use_cuda_graph=False, qo_indptr_buf=None, paged_kv_indptr_buf=None,
+                 paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None, backend="fa2", custom_mask_buf=None,
+                 mask_indptr_buf=None):
+        assert backend == "fa2"
+        if not use_cuda_graph:  # an engine's own eager wrapper: never planned here
+            return
         self._backend, self._jit_module = backend, None
         self._qo_indptr_buf, self._paged_kv_indptr_buf = qo_indptr_buf, paged_kv_indptr_buf
         self._custom_mask_buf = custom_mask_buf
@@ -67,6 +72,49 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._qo_indptr_buf.copy_(qo)
         self._paged_kv_indptr_buf.copy_(kv)
         self._write(info, buf)
+
+
+class BatchPrefillWithRaggedKVCacheWrapper:
+    """An engine's own ragged prefill wrapper (SGLang builds one at start): never planned here."""
+
+    def __init__(self, workspace, layout, backend="auto"):
+        pass
+
+
+def fast_decode_plan(*args, **kwargs):
+    raise AssertionError("SGLang's own FlashInfer decode planner ran in a test of attnmeta's")
+
+
+def into_sglang(monkeypatch, bug: bool = False) -> types.ModuleType:
+    """This stand-in as ``flashinfer`` and as the names SGLang's FlashInfer backend module imports from it
+    on a GPU (it imports none on a CPU), so SGLang can build its FlashInfer backend here."""
+    import sglang.srt.layers.attention.flashinfer_backend as sgl
+
+    fi = module(bug)
+    monkeypatch.setitem(__import__("sys").modules, "flashinfer", fi)
+    for name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"):
+        monkeypatch.setattr(sgl, name, getattr(fi, name), raising=False)
+    monkeypatch.setattr(sgl, "BatchPrefillWithRaggedKVCacheWrapper", BatchPrefillWithRaggedKVCacheWrapper,
+                        raising=False)
+    monkeypatch.setattr(sgl, "fast_decode_plan", fast_decode_plan, raising=False)
+    monkeypatch.setattr(sgl, "torch", _OnTheCPU())  # its graph buffers are made on "cuda" whatever the runner's
+    return fi
+
+
+class _OnTheCPU:
+    """``torch`` as SGLang's FlashInfer module sees it on a CPU: tensors it makes on ``"cuda"`` are made
+    on the CPU (SGLang names the device outright in its CUDA-graph buffers)."""
+
+    def __getattr__(self, name):
+        fn = getattr(torch, name)
+        if name not in ("zeros", "empty", "ones", "full", "arange", "tensor"):
+            return fn
+
+        def made_here(*args, **kwargs):
+            if kwargs.get("device") == "cuda":
+                kwargs["device"] = "cpu"
+            return fn(*args, **kwargs)
+        return made_here
 
 
 def module(bug: bool = False, version: str = "0.6.4") -> types.ModuleType:
