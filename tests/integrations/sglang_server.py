@@ -62,8 +62,9 @@ class Server:
     """One SGLang server's state, from its flags (``flags``: what a user types after
     ``python -m sglang.launch_server``, without ``--model-path``)."""
 
-    def __init__(self, flags: list[str], seed: int = 0):
+    def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu"):
         register()
+        self.device = device
         path = model_dir()
         args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
         if "--speculative-algorithm" in flags and "--speculative-draft-model-path" not in flags:
@@ -101,19 +102,21 @@ class Server:
         from sglang.srt.runtime_context import get_parallel, get_schedule
 
         P, tp = get_schedule().page_size or 1, get_parallel().attn_tp_size
-        r.server_args, r.model_config, r.device, r.gpu_id, r.tp_rank = self.args, mc, "cpu", 0, 0
+        r.server_args, r.model_config, r.device, r.gpu_id, r.tp_rank = self.args, mc, self.device, 0, 0
         r.is_draft_worker, r.draft_attention_backend = False, None
         r.spec_algorithm = SpeculativeAlgorithm.from_string(self.spec.speculative_algorithm)
         r.page_size, r.sliding_window_size, r.init_new_workspace = P, None, False
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
-        r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, torch.float32, torch.float32
-        r.req_to_token_pool = ReqToTokenPool(ROWS - 1, mc.context_len + get_req_to_token_extra_context_len(), "cpu",
+        dt = torch.float32 if self.device == "cpu" else torch.bfloat16
+        r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, dt, dt
+        dev = self.device
+        r.req_to_token_pool = ReqToTokenPool(ROWS - 1, mc.context_len + get_req_to_token_extra_context_len(), dev,
                                              False)
         r.token_to_kv_pool = MHATokenToKVPool(SLOTS, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim,
-                                              mc.num_hidden_layers, "cpu", False)
+                                              mc.num_hidden_layers, dev, False)
         r.token_to_kv_pool_allocator = (
-            TokenToKVPoolAllocator(SLOTS, r.kv_cache_dtype, "cpu", r.token_to_kv_pool, False) if P == 1 else
-            PagedTokenToKVPoolAllocator(SLOTS, P, r.kv_cache_dtype, "cpu", r.token_to_kv_pool, False))
+            TokenToKVPoolAllocator(SLOTS, r.kv_cache_dtype, dev, r.token_to_kv_pool, False) if P == 1 else
+            PagedTokenToKVPoolAllocator(SLOTS, P, r.kv_cache_dtype, dev, r.token_to_kv_pool, False))
         r.init_kv_index_translator()
         fill_pool(r.req_to_token_pool.req_to_token, P, seed)
         return r
@@ -160,19 +163,20 @@ def fill_pool(req_to_token: torch.Tensor, P: int, seed: int) -> None:
     pages = torch.randperm(SLOTS // P - 1, generator=g)[: (rows - 1) * pages_per_row] + 1
     pages = pages[: (rows - 1) * pages_per_row].view(rows - 1, pages_per_row)
     slots = (pages.repeat_interleave(P, dim=1) * P + torch.arange(pages_per_row * P) % P)[:, :width]
-    req_to_token[1:] = slots.to(torch.int32)
+    req_to_token[1:] = slots.to(torch.int32).to(req_to_token.device)
 
 
 # --- batches, as SGLang's scheduler and workers hand them to the backend ---
 def _batch(server: Server, runner, mode: ForwardMode, rows: list[int], seq: list[int], tokens: int, spec=None,
            **extra) -> ForwardBatch:
-    n = len(rows)
+    n, dev = len(rows), server.device
     seq_t = torch.tensor(seq, dtype=torch.int64)
-    fb = ForwardBatch(forward_mode=mode, batch_size=n, input_ids=torch.zeros(tokens, dtype=torch.int64),
-                      req_pool_indices=torch.tensor(rows, dtype=torch.int64), seq_lens=seq_t,
-                      out_cache_loc=torch.arange(1, tokens + 1, dtype=torch.int64), seq_lens_sum=int(seq_t.sum()),
-                      seq_lens_cpu=seq_t.clone(), positions=torch.zeros(tokens, dtype=torch.int64), spec_info=spec,
-                      **extra)
+    extra = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in extra.items()}
+    fb = ForwardBatch(forward_mode=mode, batch_size=n, input_ids=torch.zeros(tokens, dtype=torch.int64, device=dev),
+                      req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=dev), seq_lens=seq_t.to(dev),
+                      out_cache_loc=torch.arange(1, tokens + 1, dtype=torch.int64, device=dev),
+                      seq_lens_sum=int(seq_t.sum()), seq_lens_cpu=seq_t.clone(),
+                      positions=torch.zeros(tokens, dtype=torch.int64, device=dev), spec_info=spec, **extra)
     plan = runner.kv_index_translator.own_plan(fb)  # as ForwardBatch.init_new binds it
     plan.bind(fb, runner.kv_index_translator, cols=None)
     return fb
@@ -218,7 +222,8 @@ def verify(server: Server, rows: list[int], seq: list[int], rng: random.Random):
 
     D, K = server.spec.speculative_num_draft_tokens, server.spec.speculative_eagle_topk
     n = len(rows)
-    spec = EagleVerifyInput(draft_token=torch.zeros(n * D, dtype=torch.int64), custom_mask=tree_mask(seq, D, rng),
+    spec = EagleVerifyInput(draft_token=torch.zeros(n * D, dtype=torch.int64),
+                            custom_mask=tree_mask(seq, D, rng).to(server.device),
                             positions=torch.zeros(n * D, dtype=torch.int64), retrieve_index=None,
                             retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
                             spec_steps=server.spec.speculative_num_steps, topk=K, draft_token_num=D,
@@ -235,7 +240,7 @@ def draft_decode(server: Server, rows: list[int], seq: list[int]):
     spec = EagleDraftInput(topk_p=torch.zeros(n, K), topk_index=torch.zeros(n, K, dtype=torch.int64),
                            hidden_states=torch.zeros(n, LLAMA["hidden_size"]))
     fb = _batch(server, server.draft_runner, ForwardMode.DECODE, rows, seq, n * K, spec=spec)
-    fb.positions = torch.tensor(seq, dtype=torch.int64).repeat_interleave(K)
+    fb.positions = torch.tensor(seq, dtype=torch.int64, device=server.device).repeat_interleave(K)
     return fb
 
 
@@ -269,14 +274,14 @@ class Runners:
     ``num_padding``; draft extend: its buffers without ``num_padding``, the live tokens only)."""
 
     def __init__(self, server: Server, backend, kind: str, width: int = 1):
-        from attnmeta.runtime import EmulatedGraph
+        from attnmeta.runtime import new_graph
 
         self.server, self.backend, self.kind, self.width = server, backend, kind, width
         self.sizes = server.sizes
         self.fill = backend.get_cuda_graph_seq_len_fill_value() if hasattr(backend,
                                                                            "get_cuda_graph_seq_len_fill_value") else 1
         self.graphs: dict = {}
-        self._graph = EmulatedGraph
+        self._graph = lambda: new_graph(torch.device(server.device))  # a CUDA graph on a GPU, else emulated
         with server.active():
             backend.init_cuda_graph_state(max(self.sizes), max(self.sizes) * width)
 
@@ -302,9 +307,9 @@ class Runners:
 
 def padded(fb, bs: int, fill: int):
     """The runner's buffers: the live rows, then request row 0 at the fill length."""
-    raw = fb.batch_size
-    seq = torch.full((bs,), fill, dtype=torch.int64)
-    rows = torch.zeros(bs, dtype=torch.int64)
+    raw, dev = fb.batch_size, fb.seq_lens.device
+    seq = torch.full((bs,), fill, dtype=torch.int64, device=dev)
+    rows = torch.zeros(bs, dtype=torch.int64, device=dev)
     seq[:raw], rows[:raw] = fb.seq_lens, fb.req_pool_indices
     return seq, rows, raw
 
@@ -316,8 +321,10 @@ def decode_view(fb, bs: int, fill: int, width: int):
     seq, rows, raw = padded(fb, bs, fill)
     if fb.forward_mode.is_idle():
         raw = 0
-    bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64), positions=torch.zeros(bs * width),
-                           req_pool_indices=rows, seq_lens=seq, seq_lens_cpu=seq.clone(), encoder_lens=None,
+    dev = seq.device
+    bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64, device=dev),
+                           positions=torch.zeros(bs * width, device=dev),
+                           req_pool_indices=rows, seq_lens=seq, seq_lens_cpu=seq.cpu(), encoder_lens=None,
                            mamba_track_indices=None)
     mode = ForwardMode.DECODE if fb.forward_mode.is_idle() else fb.forward_mode
     return build_replay_fb_view(fb, bufs, bs, raw, bs * width, None, fill, mode, False)
@@ -327,9 +334,9 @@ def draft_decode_view(fb, bs: int, fill: int):
     """EagleDraftCudaGraphRunner: the batch re-pointed at its padded buffers, plus ``num_padding``."""
     seq, rows, raw = padded(fb, bs, fill)
     K = fb.positions.numel() // max(raw, 1)
-    positions = torch.zeros(bs * K, dtype=torch.int64)  # the runner zeroes its buffer, then copies the live rows
+    positions = torch.zeros(bs * K, dtype=torch.int64, device=seq.device)  # zeroed, then the live rows copied
     positions[: raw * K] = fb.positions
-    view = dict(vars(fb), batch_size=bs, seq_lens=seq, req_pool_indices=rows, seq_lens_cpu=seq.clone(),
+    view = dict(vars(fb), batch_size=bs, seq_lens=seq, req_pool_indices=rows, seq_lens_cpu=seq.cpu(),
                 seq_lens_sum=int(seq.sum()), positions=positions)
     return SimpleNamespace(**view, num_padding=bs - raw)
 
@@ -338,11 +345,11 @@ def draft_extend_view(fb, bs: int, fill: int, width: int):
     """EAGLEDraftExtendCudaGraphRunner: its buffers at the captured size (padded rows: request row 0,
     the fill length, ``width`` accepted), the live requests' tokens only, no ``num_padding``."""
     seq, rows, raw = padded(fb, bs, fill)
-    ext = torch.full((bs,), width, dtype=torch.int32)  # the runner's buffer: the batch's lengths, padded rows width
+    ext = torch.full((bs,), width, dtype=torch.int32, device=seq.device)  # the batch's lengths, padded rows width
     ext[:raw] = fb.extend_seq_lens
     fb.spec_info.extend_seq_lens_tensor, fb.spec_info.extend_seq_lens_cpu = ext, ext.tolist()
     return SimpleNamespace(batch_size=bs, forward_mode=fb.forward_mode, input_ids=fb.input_ids,
-                           req_pool_indices=rows, seq_lens=seq, seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone(),
+                           req_pool_indices=rows, seq_lens=seq, seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.cpu(),
                            encoder_lens=None, out_cache_loc=fb.out_cache_loc, kv_loc_plan=fb.kv_loc_plan,
                            kv_loc_cols=None, out_cache_loc_virtual=None, spec_info=fb.spec_info,
                            mamba_track_indices=None, positions=fb.positions)

@@ -1,0 +1,181 @@
+"""A torch-only stand-in for SGLang's GPU kernel package ``sgl_kernel`` (536 MB, not installable on the
+lent H200), for running SGLang's real engine in the GPU tier (``tests/gpu/test_sglang_engine.py``).
+
+Real bodies, in torch, for what a dense model's forward calls (norms, activations, rotary embedding,
+state merging, stream and tensor helpers); every other name imports (``from sgl_kernel import x``,
+any ``sgl_kernel.sub`` module) and raises ``StandInCalled`` naming itself if it is ever called, so a
+test that reaches a kernel this package does not implement fails loudly instead of computing
+nonsense. Put its parent folder on ``PYTHONPATH``; SGLang's version check is off with
+``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+__version__ = "0.0.0+attnmeta.standin"
+
+
+class StandInCalled(RuntimeError):
+    """A kernel of SGLang's package that this stand-in does not implement was called."""
+
+
+def _stub(name: str):
+    def call(*args, **kwargs):
+        raise StandInCalled(f"sgl_kernel.{name} was called; the stand-in sgl_kernel does not implement it")
+
+    call.__name__ = name.rsplit(".", 1)[-1]
+    call.__qualname__ = call.__name__
+    return call
+
+
+def _rms(x, w, eps, gemma=False):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * ((1.0 + w.float()) if gemma else w.float())).to(x.dtype)
+
+
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    y = _rms(input, weight, eps)
+    return y if out is None else out.copy_(y)
+
+
+def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    residual.add_(input)
+    input.copy_(_rms(residual, weight, eps))
+
+
+def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    y = _rms(input, weight, eps, gemma=True)
+    return y if out is None else out.copy_(y)
+
+
+def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
+    residual.add_(input)
+    input.copy_(_rms(residual, weight, eps, gemma=True))
+
+
+def _gated(act):
+    def fn(input, out=None, enable_pdl=None):
+        d = input.shape[-1] // 2
+        y = (act(input[..., :d].float()) * input[..., d:].float()).to(input.dtype)
+        return y if out is None else out.copy_(y)
+    return fn
+
+
+silu_and_mul = _gated(F.silu)
+gelu_and_mul = _gated(lambda x: F.gelu(x))
+gelu_tanh_and_mul = _gated(lambda x: F.gelu(x, approximate="tanh"))
+
+
+def _rope(positions, x, head_size, cache, is_neox):
+    """Rotate ``x`` [tokens, heads * head_size] in place; ``cache`` [max_pos, rot] holds cos | sin."""
+    n = x.shape[0]
+    xv = x.view(n, -1, head_size)
+    cs = cache.index_select(0, positions.reshape(-1).long()).float()
+    rot = cs.shape[-1]
+    cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2 :]
+    r = xv[..., :rot].float()
+    if is_neox:
+        a, b = r[..., : rot // 2], r[..., rot // 2 :]
+        out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    else:
+        a, b = r[..., 0::2], r[..., 1::2]
+        out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    xv[..., :rot] = out.to(x.dtype)
+
+
+def apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox=True, **_):
+    _rope(positions, query, head_size, cos_sin_cache, is_neox)
+    if key is not None:
+        _rope(positions, key, head_size, cos_sin_cache, is_neox)
+
+
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True):
+    apply_rope_with_cos_sin_cache_inplace(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def merge_state_v2(v_a, s_a, v_b, s_b, v_merged=None, s_merged=None):
+    """Two partial attentions (values [n, h, d], log-sum-exps [n, h], base 2) into one."""
+    sa, sb = s_a.float(), s_b.float()
+    m = torch.maximum(sa, sb)
+    wa, wb = torch.exp2(sa - m), torch.exp2(sb - m)
+    v = ((v_a.float() * wa[..., None] + v_b.float() * wb[..., None]) / (wa + wb)[..., None]).to(v_a.dtype)
+    s = m + torch.log2(wa + wb)
+    if v_merged is not None:
+        v_merged.copy_(v)
+        v = v_merged
+    if s_merged is not None:
+        s_merged.copy_(s)
+        s = s_merged
+    return v, s
+
+
+merge_state = merge_state_v2
+
+
+def weak_ref_tensor(t):
+    return t
+
+
+def get_cuda_stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+_REAL = {n: globals()[n] for n in (
+    "rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "silu_and_mul", "gelu_and_mul",
+    "gelu_tanh_and_mul", "apply_rope_with_cos_sin_cache_inplace", "rotary_embedding", "merge_state_v2",
+    "merge_state", "weak_ref_tensor", "get_cuda_stream")}
+_SUB_REAL = {"utils": {"is_arch_support_pdl": lambda *a, **k: False, "get_cuda_stream": get_cuda_stream},
+             "elementwise": {k: _REAL[k] for k in ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")}}
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    fn = _stub(name)
+    globals()[name] = fn
+    return fn
+
+
+class _Sub(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        real = _SUB_REAL.get(self.__name__.split(".", 1)[1], {})
+        fn = real.get(name) or _stub(f"{self.__name__.split('.', 1)[1]}.{name}")
+        setattr(self, name, fn)
+        return fn
+
+
+# submodules whose absence SGLang handles itself (it falls back to its own definitions): not stood in
+ABSENT = {"scalar_type"}
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Any ``sgl_kernel.<sub>`` imports, as a module of stubs (with the real bodies above)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[1:2] and fullname.split(".")[1] in ABSENT:
+            return None
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        m = _Sub(spec.name)
+        m.__path__ = []
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, _Finder())
+ops = types.SimpleNamespace()  # torch.ops.sgl_kernel is never registered here

@@ -1,0 +1,38 @@
+"""SGLang's real engine (its processes, ModelRunner, radix cache, decode and EAGLE CUDA graphs) serves the
+same prompts through SGLang's own ``triton`` / ``flashinfer`` backend and through attnmeta's
+``attnmeta_triton`` / ``attnmeta_flashinfer``: the greedy tokens must be equal. Page sizes 1 and 16,
+plain decoding and EAGLE with topk 1 and 4 (verify, draft decode and draft extend graphs captured).
+
+Needs SGLang's Python code and the stand-in kernel package (``tests/gpu/standin``) on ``PYTHONPATH``:
+docs/SGLANG.md gives the command. ``ATTNMETA_ENGINE_CASES`` (comma-separated ids) runs a subset."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = [f"{kind}:{page}{':' + topk if topk else ''}" for kind in ("triton", "flashinfer") for page in (1, 16)
+         for topk in ("", "1", "4")]
+WANTED = [c for c in os.environ.get("ATTNMETA_ENGINE_CASES", "").split(",") if c] or CASES
+
+
+@pytest.mark.parametrize("case", WANTED)
+def test_attnmeta_serves_the_tokens_sglang_serves(case, tmp_path):
+    out = tmp_path / "engine.json"
+    env = dict(os.environ, SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1", SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND="python")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(HERE, "standin"), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "sglang_engine.py"), str(out), case,
+                           f"attnmeta_{case}"], env=env, capture_output=True, text=True, timeout=600)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    own, ours = results[case], results[f"attnmeta_{case}"]
+    assert "error" not in own, own
+    assert "error" not in ours, ours["traceback"]
+    assert ours["tokens"] == own["tokens"]
