@@ -7,6 +7,9 @@
 set -euo pipefail
 mkdir -p /tmp/sgl
 [ -d .sgl ] && tar -xJf .sgl/sglang_py.tar.xz -C /tmp/sgl
+# SGLang's JIT kernel sources (its engine compiles them with the machine's nvcc): a tarball beside the .py one,
+#   tar -cf - sglang/kernels/jit/include sglang/kernels/jit/csrc | xz > .sgl/sglang_jit.tar.xz  (from its wheel)
+[ -f .sgl/sglang_jit.tar.xz ] && tar -xJf .sgl/sglang_jit.tar.xz -C /tmp/sgl
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl $( [ -d .sgl ] && echo .sgl/whl/*.whl ) 2>&1 | grep -v "^WARNING" || true
 export PYTHONPATH="$PWD/tests/gpu/standin:/tmp/sgl:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING" || true

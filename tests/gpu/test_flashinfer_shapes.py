@@ -31,16 +31,18 @@ def paged_pool(P: int, seed: int, dev) -> torch.Tensor:
     return t.to(dev)
 
 
-def batch(bs: int, rng: random.Random, dev, long_mix: bool) -> ForwardBatch:
+def batch(bs: int, rng: random.Random, dev, long_mix: bool, host_rows: bool = True) -> ForwardBatch:
+    """``host_rows=False``: the request rows on the device only, as SGLang's replay view has them."""
     lens = [rng.choice([1, 2, 2048, rng.randint(1, 2048)]) if long_mix else rng.randint(1, 2048) for _ in range(bs)]
     seq, rpi = torch.tensor(lens, dtype=torch.int32), torch.tensor(rng.sample(range(1, ROWS), bs))
-    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi,
-                        seq_lens=seq.to(dev), seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
+    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi
+                        if host_rows else None, seq_lens=seq.to(dev), seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
 
 
+@pytest.mark.parametrize("host_rows", [True, False], ids=["host-rows", "device-rows"])
 @pytest.mark.parametrize("P", [1, 16])
 @pytest.mark.parametrize("heads", [(32, 8), (8, 8)], ids=["tensor-cores", "cuda-cores"])
-def test_sglang_shaped_batches_every_size_back_to_back(P, heads):
+def test_sglang_shaped_batches_every_size_back_to_back(P, heads, host_rows):
     dev, (H, HKV) = torch.device("cuda"), heads
     pool = paged_pool(P, 3, dev)
     be = compile_backend("flashinfer", CompileOptions(max_bs=max(SIZES), capture_sizes=SIZES, max_context_len=L,
@@ -67,7 +69,7 @@ def test_sglang_shaped_batches_every_size_back_to_back(P, heads):
     checks = []
     for step in range(24):  # back to back: no sync until the end
         bs = SIZES[step % len(SIZES)] if step < 8 else rng.choice(SIZES)
-        fb = batch(bs, rng, dev, long_mix=step % 2 == 1)
+        fb = batch(bs, rng, dev, long_mix=step % 2 == 1, host_rows=host_rows)
         q = torch.randn(bs, H, HD, device=dev, generator=gd, dtype=torch.bfloat16)
         qs[bs].copy_(q)
         be.init_forward_metadata_out_graph(fb)

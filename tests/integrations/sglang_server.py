@@ -47,14 +47,14 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
          "vocab_size": 1024, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
          "torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False}
-ROWS, SLOTS = 24, 1 << 15  # request rows and KV slots of the pools
+ROWS = 24  # request rows of the pools (the first reserved); every row's whole width has KV slots of its own
 
 
-def model_dir() -> str:
-    d = os.path.join(tempfile.gettempdir(), "attnmeta-sglang-llama")
+def model_dir(context: int = 1024) -> str:
+    d = os.path.join(tempfile.gettempdir(), f"attnmeta-sglang-llama-{context}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(LLAMA, f)
+        json.dump({**LLAMA, "max_position_embeddings": context}, f)
     return d
 
 
@@ -62,10 +62,10 @@ class Server:
     """One SGLang server's state, from its flags (``flags``: what a user types after
     ``python -m sglang.launch_server``, without ``--model-path``)."""
 
-    def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu"):
+    def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu", rows: int = ROWS, context: int = 1024):
         register()
-        self.device = device
-        path = model_dir()
+        self.device, self.rows = device, rows
+        path = model_dir(context)
         args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
         if "--speculative-algorithm" in flags and "--speculative-draft-model-path" not in flags:
             args += ["--speculative-draft-model-path", path]
@@ -109,16 +109,16 @@ class Server:
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
         dt = torch.float32 if self.device == "cpu" else torch.bfloat16
         r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, dt, dt
-        dev = self.device
-        r.req_to_token_pool = ReqToTokenPool(ROWS - 1, mc.context_len + get_req_to_token_extra_context_len(), dev,
-                                             False)
-        r.token_to_kv_pool = MHATokenToKVPool(SLOTS, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim,
+        dev, width = self.device, mc.context_len + get_req_to_token_extra_context_len()
+        slots = self.slots = (self.rows * -(-width // P) + 1) * P
+        r.req_to_token_pool = ReqToTokenPool(self.rows - 1, width, dev, False)
+        r.token_to_kv_pool = MHATokenToKVPool(slots, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim,
                                               mc.num_hidden_layers, dev, False)
         r.token_to_kv_pool_allocator = (
-            TokenToKVPoolAllocator(SLOTS, r.kv_cache_dtype, dev, r.token_to_kv_pool, False) if P == 1 else
-            PagedTokenToKVPoolAllocator(SLOTS, P, r.kv_cache_dtype, dev, r.token_to_kv_pool, False))
+            TokenToKVPoolAllocator(slots, r.kv_cache_dtype, dev, r.token_to_kv_pool, False) if P == 1 else
+            PagedTokenToKVPoolAllocator(slots, P, r.kv_cache_dtype, dev, r.token_to_kv_pool, False))
         r.init_kv_index_translator()
-        fill_pool(r.req_to_token_pool.req_to_token, P, seed)
+        fill_pool(r.req_to_token_pool.req_to_token, P, seed, slots)
         return r
 
     def _draft_runner(self) -> ModelRunner:
@@ -154,13 +154,13 @@ class Server:
             return f.create_decode_backend(), f.create_draft_extend_backend()
 
 
-def fill_pool(req_to_token: torch.Tensor, P: int, seed: int) -> None:
+def fill_pool(req_to_token: torch.Tensor, P: int, seed: int, slots: int) -> None:
     """Each request row a random list of whole pages (page 0 unused), as SGLang's paged allocator
     hands them out: token j of a row sits at slot ``page * P + j % P``. Row 0 stays all zeros."""
     rows, width = req_to_token.shape
     g = torch.Generator().manual_seed(seed)
     pages_per_row = -(-width // P)
-    pages = torch.randperm(SLOTS // P - 1, generator=g)[: (rows - 1) * pages_per_row] + 1
+    pages = torch.randperm(slots // P - 1, generator=g)[: (rows - 1) * pages_per_row] + 1
     pages = pages[: (rows - 1) * pages_per_row].view(rows - 1, pages_per_row)
     slots = (pages.repeat_interleave(P, dim=1) * P + torch.arange(pages_per_row * P) % P)[:, :width]
     req_to_token[1:] = slots.to(torch.int32).to(req_to_token.device)
