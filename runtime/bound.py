@@ -57,7 +57,7 @@ class BoundPlan:
 
 
 def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.device, env: dict,
-         event: list, dirty: dict) -> BoundPlan:
+         event: list, dirty: dict, guard=None) -> BoundPlan:
     """Views for every argument of ``plan``; runs the plan's own constants once."""
     b = plan.binding
     local = allocate(dict(b.local_bytes), device)
@@ -88,6 +88,6 @@ def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.devi
     meta = SimpleNamespace(**{f: value(a) for f, a in b.fields})
     for f in b.planned:
         setattr(meta, f, None)  # set by the planner before every step
-    return BoundPlan(plan, b, Stager(slots, copies, event, device), plan.out_gm.forward,
+    return BoundPlan(plan, b, Stager(slots, copies, event, device, guard), plan.out_gm.forward,
                      [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
                      [value(a) for a in b.crossing], meta)

@@ -21,7 +21,7 @@ from .bound import BoundPlan, bind
 from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
 from .planners import default_planners, with_key
-from .staging import BatchError
+from .staging import BatchError, DeviceGuard
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 
@@ -46,6 +46,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self.planning: BoundPlan | None = None  # planners that bind device buffers (FlashInfer) read its views
         self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
         self._dirty: dict = {}  # staging region -> rows that may hold live values (the rest hold the fill)
+        self._guard = DeviceGuard(self.device)  # device-only fields' checks, reported one step late (staging.py)
         for gm, args in compiled.inits.values():  # constants every size shares, written once at max_bs
             gm.forward(*[self.device if a.kind is ArgKind.device else self.buffers.view(a.region) for a in args])
 
@@ -80,7 +81,7 @@ class CompiledAttentionBackend(AttentionBackend):
                 log.info("%s batch of %d rows: no plan compiled ahead, compiling it", key[0].name.lower(), bs)
                 plan = self.compiled.specialize(key[0], bs)
             b = self._bound[key] = bind(plan, self.buffers, self._pools, self.planners, self.device, self.env,
-                                        self._event, self._dirty)
+                                        self._event, self._dirty, self._guard)
             log.debug("bound plan %s", b.binding.graph)
         return b
 
@@ -94,8 +95,9 @@ class CompiledAttentionBackend(AttentionBackend):
             if not isinstance(bs, int) or bs < 0:
                 raise BatchError(f"batch_size must be a non-negative int, got {bs!r}")
             b = self.bound(fb.forward_mode, bs)
-        if raw > bs:
-            raise BatchError(f"the batch has {raw} live rows but is padded to {bs}; pad to at least {raw}")
+        if not isinstance(raw, int) or not 0 <= raw <= bs:
+            raise BatchError(f"the batch has {raw!r} live rows for a padded size of {bs}: the live rows must be "
+                             f"between 0 and {bs} (an engine's num_padding larger than its batch_size?)")
         try:
             b.stager.fast(fb, bs, raw, in_capture)
         except BatchError as e:

@@ -40,9 +40,10 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
                  f"elif (u := UN{i}[:{n}])[u.argmax()] > {s.hi}{zero_large}:",
                  "    return general(fb, bs, raw, capture)"]
     late = []
-    if not host_only:  # the host cannot check it without a sync: the kernels guard it on the device
+    if not host_only:  # the host cannot check it without a sync: a checked field is guarded on the device
+        to_general = "" if s.full_range else " or not capture"  # by the general path (DeviceGuard)
         copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
-                f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)"]
+                f"elif a{i}.get_device() != DEVICE{to_general}:", "    return general(fb, bs, raw, capture)"]
         # a device field is copied into the graph's buffer: the destination's view per live count is
         # kept, and a source of exactly the live count is copied as it is (each view costs a few us)
         late = [f"if not a{i}.is_cpu:", f"    d = DVIEW{i}.get({n})", "    if d is None:",
@@ -59,7 +60,8 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
 def source(stager) -> str:
     """The generated staging function of ``stager``'s plan (general-path fallbacks included)."""
     cuda = bool(stager.copies) and stager.device.type == "cuda"
-    body = ["if not raw:", "    return general(fb, bs, raw, capture)"]
+    body = ["if not raw or GUARD.armed:  # IDLE; or the last step's device checks to read",
+            "    return general(fb, bs, raw, capture)"]
     if cuda:  # the first step records the hazard event (general path); later ones wait on it
         body += ["ev = EVENT[0]", "if ev is None:", "    return general(fb, bs, raw, capture)",
                  "ev.synchronize()  # the previous step's copy has read the staging buffer"]
@@ -80,7 +82,7 @@ def source(stager) -> str:
 def generate(stager):
     """The generated staging function of ``stager``'s plan, its constants bound."""
     ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero,
-          "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_,
+          "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_, "GUARD": stager.guard,
           "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}
     for i, s in enumerate(stager.slots):
         ns |= {f"DT{i}": s.dtype, f"P{i}": s.ptr, f"U{i}": s.umv, f"M{i}": s.mv, f"UN{i}": s.unp, f"SN{i}": s.np,

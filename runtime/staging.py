@@ -10,12 +10,15 @@ wrap). Host-side writes go through NumPy views of the staging buffer: for the fe
 a step moves, a torch op's dispatch costs more than the copy.
 
 Fields the batch only has on the device (a DSV4 ``out_cache_loc``; ``req_pool_indices`` when the
-engine keeps no ``req_pool_indices_cpu``) take a device->device copy after the packed copy (same
-stream, so ordered). The host cannot check them without a sync, so every kernel that indexes with
-a row or a slot guards it on the device instead: one outside its table reads entry 0, the reserved
-row or slot. A length cannot be guarded into a right value, so a length the spec stages from a
-host mirror (``seq_lens_cpu``) must come with it: reading the device copy would cost a
-device->host sync every step.
+engine keeps no ``req_pool_indices_cpu``; ``seq_lens`` when SGLang's EAGLE drafter runs without host
+mirrors) take a device->device copy after the packed copy (same stream, so ordered). The host cannot
+check them without a sync, so they are guarded on the device (``DeviceGuard``): a value outside its
+range is replaced by a safe one (a row or a slot by 0, the reserved one; a length by its nearest
+bound) so no kernel reads outside its tables, and the first such value is recorded with its field
+and row in a flag copied back to pinned memory behind the step. The next step reads the flag, which
+the copy has long filled (the hazard wait below covers it), and raises a ``BatchError`` naming the
+step, field, row and value: one step late, never silent. ``ATTNMETA_SYNC_CHECKS=1`` waits for the
+flag within the step instead (a debugging mode: it syncs every step that has device-only fields).
 
 Hazard: the pinned staging buffer is read by an asynchronous copy. Writing it again before that
 copy has run corrupts the previous step's inputs (seen in engines that plan back to back), so
@@ -27,6 +30,7 @@ costs more than the copy); an engine that stages on another stream calls ``set_s
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import torch
@@ -124,20 +128,82 @@ class _Staged:
         self.dirty[0] = live if self.dirty[0] <= total else max(self.dirty[0], live)
 
 
+class DeviceGuard:
+    """Range checks of device-only fields without a host sync: values outside a field's range are
+    replaced on the device (rows and slots by 0, lengths by the nearest bound) and the first one is
+    recorded (its field, row and value) in a flag copied to pinned memory behind the step; ``raise_pending``
+    raises it as a ``BatchError`` at the next step, or in this one with ``ATTNMETA_SYNC_CHECKS=1``."""
+
+    def __init__(self, device: torch.device):
+        pin = device.type == "cuda"
+        self.flag = torch.zeros(4, dtype=torch.int64, device=device)  # set, field index, row, value
+        self.host = torch.zeros(4, dtype=torch.int64, pin_memory=pin)
+        self.names: list[str] = []
+        self.armed = False  # a flag copy is queued: the next step reads it
+        self.pending = False  # this step checked something on the device
+        self.sync = os.environ.get("ATTNMETA_SYNC_CHECKS") == "1"
+
+    def stage(self, s: _Staged, src: torch.Tensor, dst: torch.Tensor, name: str, capture: bool) -> None:
+        """``src`` (device values, any integer dtype) into ``dst`` (the slot's staging view), checked in
+        ``src``'s own dtype before narrowing: a bad value is replaced and the first one flagged."""
+        if s.full_range or capture or not dst.numel():  # a capture batch's rows are the engine's dummy ones
+            dst.copy_(src, non_blocking=True)
+            return
+        if name not in self.names:
+            self.names.append(name)
+        lo = s.lo if s.slot.kind is not Kind.row else 1
+        bad = (src < lo) | (src > s.hi)
+        first = torch.argmax(bad.to(torch.int32))
+        record = torch.stack([bad.any().to(torch.int64), torch.full_like(first, self.names.index(name)), first,
+                              src[first].to(torch.int64)])
+        self.flag.copy_(torch.where(self.flag[0].bool(), self.flag, record))  # the first bad value of the step
+        safe = src.clamp(lo, s.hi) if s.slot.kind is Kind.length else torch.zeros_like(src)
+        dst.copy_(torch.where(bad, safe, src))
+        self.pending = True
+
+    def flush(self) -> None:
+        """Queue the flag's copy home (after the step's guards), then clear it for the next step."""
+        if not self.pending:
+            return
+        self.pending = False
+        self.host.copy_(self.flag, non_blocking=True)
+        self.flag.zero_()
+        self.armed = True
+        if self.sync:
+            torch.cuda.synchronize(self.flag.device) if self.flag.is_cuda else None
+            self.raise_pending("this step")
+
+    def raise_pending(self, when: str = "the previous step") -> None:
+        """Raise what the last flushed step flagged (its copy has completed: the caller waited on it)."""
+        if not self.armed:
+            return
+        self.armed = False
+        if not self.host[0]:
+            return
+        _, field, row, value = (int(v) for v in self.host.tolist())
+        self.host.zero_()
+        raise BatchError(f"{when} staged {self.names[field]}[{row}] = {value} from the device, outside its range: "
+                         "the value was replaced on the device (no kernel read outside its tables) and that step's "
+                         f"metadata is wrong for this row; pass the host mirror of {self.names[field]} to have bad "
+                         "values refused before the step, or fix the engine's batch")
+
+
 class Stager:
     """The staging of one plan: its slots, and the packed copy of its mode's staging bytes.
     ``fast`` is the plan's generated straight-line staging (runtime/stagegen.py), which takes the
     common case and hands every other step to ``stage``, the general path."""
 
     def __init__(self, slots: list[_Staged], copies: list[tuple[torch.Tensor, torch.Tensor]], event: list,
-                 device: torch.device):
+                 device: torch.device, guard: DeviceGuard | None = None):
         self.slots, self.copies, self.event, self.device = slots, copies, event, device
+        self.guard = guard or DeviceGuard(device)
         self.fast = generate(self)
 
     def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
         ev = self.event[0]
         if ev is not None:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
+        self.guard.raise_pending()  # what the device checks of the previous step found (its copy is done too)
         late = []
         for s in self.slots:
             name, src = self._source(fb, s, raw)
@@ -157,19 +223,20 @@ class Stager:
                 raise BatchError(f"{name} must be a host tensor: the spec reads it on the host")
             elif src.device != self.device:
                 raise BatchError(f"{name} is on {src.device}, this backend on {self.device}")
-            elif src.dtype is not s.dtype:
-                raise BatchError(f"{name} must be {s.dtype} (the device copy is not converted), got {src.dtype}")
+            elif src.dtype not in _INTS:
+                raise BatchError(f"{name} must hold integers (torch.int32 or torch.int64), got {src.dtype}")
             else:
                 late.append((s, src, live))  # device-only field: D2D after the packed copy, never a D2H sync
             s.pad(live, total)
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
+        for s, src, live in late:
+            self.guard.stage(s, src.reshape(-1)[:live], s.dev[:live], s.device_field or s.source, capture)
+        self.guard.flush()
         if self.copies and self.device.type == "cuda":
             if ev is None:  # Event.record() with no stream looks the stream up: 5x the cost of recording
                 self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
-            self.event[0].record(self.event[1])
-        for s, src, live in late:
-            s.dev[:live].copy_(src.reshape(-1)[:live], non_blocking=True)
+            self.event[0].record(self.event[1])  # after the guards' flag copy: the next step's wait covers it
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):
@@ -179,12 +246,8 @@ class Stager:
             return s.source, src
         if s.device_field is not None:
             d = getattr(fb, s.device_field, None)
-            if isinstance(d, torch.Tensor) and (d.is_cpu or s.slot.kind is not Kind.length):
-                return s.device_field, d  # a host tensor after all (a CPU loop), or a row/slot guarded on device
-            if d is not None:
-                raise BatchError(f"the batch has {s.device_field} on {d.device} but no {s.source}: {s.device_field} "
-                                 f"is staged and checked from its host mirror {s.source} (reading the device copy "
-                                 f"would sync every step); set fb.{s.source}")
+            if isinstance(d, torch.Tensor):  # a host tensor after all (a CPU loop), or checked on the device
+                return s.device_field, d
         if raw:
             raise BatchError(f"the batch has no {s.device_field or s.source}"
                              f"{f' (nor {s.source})' if s.device_field else ''}, which the spec reads")

@@ -77,6 +77,17 @@ class TritonBackend(CompiledModes, _SGLangTriton):
             meta.custom_mask = verify_mask(self, v, in_capture)
 
 
+def device_planned(planner: str) -> bool:
+    """Compile FlashInfer specs without host indptrs (``plan_on_device``) where the installed FlashInfer's
+    partition is one attnmeta plans on the GPU: SGLang's EAGLE workers hand the backends no host lengths
+    (``seq_lens_cpu`` is None), and then a host planner would have nothing to plan from."""
+    if planner != "device":
+        return False
+    from attnmeta.runtime.flashinfer_adapter import DEVICE_PLAN_VERSIONS, _flashinfer, _version
+
+    return _version(_flashinfer()) in DEVICE_PLAN_VERSIONS
+
+
 def split_scratch(b, rows: int, made: dict) -> tuple:
     """SGLang Triton backend ``b``'s split-KV logits, LSE and lean buffers for up to ``rows`` decode
     rows: its CUDA-graph buffers once it has made them (``init_cuda_graph_state``), else ones made here
@@ -136,7 +147,8 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         tp = get_parallel().attn_tp_size
         self.num_head, self.num_kv_head = mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
         self.head_dim = mc.head_dim
-        wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head)
+        wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
+                                  plan_on_device=device_planned(planner))
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
         self._view.draft_width = wanted.num_draft_tokens
         from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
@@ -175,5 +187,6 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
 
 
 KINDS = {c.spec_name: c for c in (TritonBackend, FlashInferBackend)}
-__all__ = ["CAPTURED", "KINDS", "FlashInferBackend", "TritonBackend", "resolved_options", "split_scratch",
+__all__ = ["CAPTURED", "KINDS", "FlashInferBackend", "TritonBackend", "device_planned", "resolved_options",
+           "split_scratch",
            "verify_mask"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from attnmeta.compiler import compile_backend
 from attnmeta.compiler.ir.errors import OptionsError
 
-from .backend import FlashInferBackend, TritonBackend, resolved_options, split_scratch
+from .backend import FlashInferBackend, TritonBackend, device_planned, resolved_options, split_scratch
 from .batch import MODES, BatchView
 from .served import check_agrees
 
@@ -143,7 +143,8 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         tp = get_parallel().attn_tp_size
         heads = (mc.num_attention_heads // tp, mc.get_num_kv_heads(tp), mc.head_dim)
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
-                                  num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1])
+                                  num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1],
+                                  plan_on_device=device_planned(planner))
         self._attach(model_runner, compiled, wanted)
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, *heads, q_dtype=mc.dtype,
                                                kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,

@@ -49,6 +49,7 @@ def wrapper_stream(w, live: int) -> dict:
 
 
 def test_every_mode_equals_sglangs_own_flashinfer(server):
+    from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata
     from sglang.srt.layers.radix_attention import RadixAttention
 
     from tests.integrations.sglang_server import Runners, decode, decode_view, draft_extend, verify
@@ -76,8 +77,9 @@ def test_every_mode_equals_sglangs_own_flashinfer(server):
             with s.active():
                 if replayed:
                     r.replay(fb, "decode", decode_view(fb, r_bs, r.fill, 1))
-                    w = r.backend.decode_cuda_graph_metadata[r_bs][0] if r is own_r else \
-                        r.backend.forward_metadata.decode_wrappers[0]
+                    if r is own_r:  # what SGLang's captured graph of this size runs: its wrappers of that size
+                        r.backend.forward_metadata = DecodeMetadata(r.backend.decode_cuda_graph_metadata[r_bs])
+                    w = r.backend.forward_metadata.decode_wrappers[0]
                 else:
                     r.backend.init_forward_metadata(fb)
                     w = r.backend.forward_metadata.decode_wrappers[0]

@@ -83,7 +83,7 @@ def test_inconsistent_sizes_and_modes_are_refused(compiled):
     fb.req_pool_indices_cpu = fb.req_pool_indices_cpu[:2]
     with pytest.raises(BatchError, match="req_pool_indices_cpu has 2 values for a batch of 3 rows"):
         be.init_forward_metadata(fb)
-    with pytest.raises(BatchError, match="the batch has 3 live rows but is padded to 2"):
+    with pytest.raises(BatchError, match="the batch has 3 live rows for a padded size of 2"):
         be.init_forward_metadata_out_graph(ReplayView.of(good(raw=3), 2))
     with pytest.raises(BatchError, match="batch size 9 exceeds max_bs=4"):
         be.init_forward_metadata(make_batch(9, L, 12, seed=0, max_len=4))
@@ -164,3 +164,15 @@ def test_dsv4_device_only_slots_are_guarded():
     fb.out_cache_loc = torch.tensor([3, ROWS * L2 + 1])  # the slot table has ROWS * L2 + 1 = 4801 entries
     with pytest.raises(BatchError, match=r"out_cache_loc\[1\] = 4801 is not a KV slot of this pool: allowed 0..4800"):
         be.init_forward_metadata(fb)
+
+
+def test_a_negative_live_row_count_is_refused_not_a_crash():
+    """An engine's num_padding larger than its batch_size (a negative live-row count) used to reach a
+    negative-length copy; it is a BatchError naming both numbers."""
+    cb = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=64))
+    be = cb.instantiate(torch.zeros(5, 64, dtype=torch.int32))
+    seq, rpi = torch.ones(4, dtype=torch.int32), torch.ones(4, dtype=torch.int64)
+    fb = ReplayView(4, ForwardMode.DECODE, ForwardMode.DECODE, -1, req_pool_indices=rpi, req_pool_indices_cpu=rpi,
+                    seq_lens=seq, seq_lens_cpu=seq)
+    with pytest.raises(BatchError, match="the batch has -1 live rows for a padded size of 4"):
+        be.init_forward_metadata_out_graph(fb)
