@@ -97,7 +97,21 @@ class AttnmetaPagedMetadataBuilder(AttentionMetadataBuilder[AttnmetaPagedMetadat
         whose view starts where the bound table does binds nothing."""
         if self.backend is not None and table.data_ptr() == self._table_ptr:
             return
-        full = torch.as_strided(table, (self.compiled.options.max_bs, table.shape[1]), table.stride())
+        o = self.compiled.options
+        width = -(-o.max_context_len // o.page_size)  # the spec's W: ceil(L / P) pages
+        if table.dim() != 2 or table.shape[1] < width:
+            raise BatchError(f"vLLM's block table is {tuple(table.shape)}; a row must hold at least ceil(max_model_len "
+                             f"/ block_size) = {width} pages (vLLM pads it wider, which is read as is)")
+        if table.stride(1) != 1:
+            raise BatchError(f"vLLM's block table has column stride {table.stride(1)}; attnmeta's kernels read rows of "
+                             "consecutive pages (pass the table itself, not a transposed view)")
+        room = (table.untyped_storage().nbytes() // table.element_size() - table.storage_offset()) // table.stride(0)
+        if room < o.max_bs:
+            raise BatchError(f"vLLM's block table has room for {room} rows, fewer than max_num_seqs = {o.max_bs} the "
+                             "builder was compiled for; pass vLLM's persistent block table (one row per sequence "
+                             "slot) or compile with max_bs <= its rows")
+        # the first W columns of each row, at vLLM's row stride: its padding columns are never read
+        full = torch.as_strided(table, (o.max_bs, width), table.stride())
         if self.backend is None:
             self.backend = self.compiled.instantiate(full, device=table.device, pools={"block_table": full})
         else:

@@ -143,3 +143,34 @@ def test_the_builder_refuses_what_it_cannot_serve():
         AttnmetaPagedMetadataBuilder(kv, ["layer.0"], vc, torch.device("cpu"),
                                      compiled=compile_backend("triton", CompileOptions(max_bs=4)))
     assert b.build(0, common([5, 9], table)).paged_kv_indptr[:3].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("P", [1, 16])
+def test_vllms_padded_block_table_width_is_read_as_is(P):
+    """vLLM pads its persistent block table's rows to a multiple of 128 tokens (``get_block_table_width``
+    in vllm/v1/worker/block_table.py: 64 columns at block size 16 for max_model_len 1000; its module
+    does not import beside SGLang's pins, so the width is computed here as it computes it). The
+    builder reads the first ceil(L / P) columns at vLLM's row stride; narrower, transposed or
+    short tables are refused by name."""
+    import math
+
+    from attnmeta.integrations.vllm import AttnmetaPagedMetadataBuilder
+
+    vc, kv = config(P)
+    need = -(-L // P)
+    align = 128 // math.gcd(128, P)
+    width = -(-need // align) * align
+    g = torch.Generator().manual_seed(3)
+    table = torch.randint(1, 10_000, (MAX_BS, width), generator=g, dtype=torch.int32)
+    b = AttnmetaPagedMetadataBuilder(kv, ["layer.0"], vc, torch.device("cpu"))
+    seq = [L, 1, P + 1, 3 * P]
+    m = b.build(0, common(seq, table))
+    indptr, indices, last = vllm_oracle(vllm_page_kernel(), table, np.array(seq, dtype=np.int64), P)
+    assert m.paged_kv_indices[: indptr[-1]].tolist() == indices.tolist()
+    fresh = AttnmetaPagedMetadataBuilder(kv, ["layer.0"], vc, torch.device("cpu"))
+    with pytest.raises(BatchError, match=f"a row must hold at least ceil\\(max_model_len / block_size\\) = {need}"):
+        fresh.build(0, common([1], table[:, : need - 1]))
+    with pytest.raises(BatchError, match="column stride"):
+        fresh.build(0, common([1], torch.ones(need, MAX_BS, dtype=torch.int32).t()))
+    with pytest.raises(BatchError, match=f"room for 2 rows, fewer than max_num_seqs = {MAX_BS}"):
+        fresh.build(0, common([1], torch.ones(2, need, dtype=torch.int32)))
