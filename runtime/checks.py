@@ -38,6 +38,10 @@ def check_pools(specs, pools: dict) -> dict[str, int]:
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise BatchError(f"pool {p.name} must be {str(p.dtype).removeprefix('torch.').replace('int', 'i')}"
                              f"[{want}] (the L it was compiled for), got {got}")
+        if t.dim() > 1 and t.shape[-1] > 1 and t.stride(-1) != 1:  # the kernels step rows by one stride only
+            raise BatchError(f"pool {p.name} has column stride {t.stride(-1)} (a transposed or column-sliced view); "
+                             f"the kernels read each row's entries consecutively: pass {p.name}.contiguous(), or a "
+                             "view that keeps whole rows")
     return env
 
 

@@ -88,9 +88,14 @@ class CompiledAttentionBackend(AttentionBackend):
     # --- the contract ---
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         bs = fb.batch_size
-        actual = getattr(fb, "actual_forward_mode", fb.forward_mode)
-        raw = 0 if actual.is_idle() else getattr(fb, "raw_batch_size", bs)
-        b = self._bound.get((fb.forward_mode.graph_key, bs))
+        try:
+            actual = getattr(fb, "actual_forward_mode", fb.forward_mode)
+            raw = 0 if actual.is_idle() else getattr(fb, "raw_batch_size", bs)
+            b = self._bound.get((fb.forward_mode.graph_key, bs))
+        except AttributeError:
+            raise BatchError(f"forward_mode must be attnmeta's ForwardMode (attnmeta.runtime.ForwardMode), got "
+                             f"{getattr(fb, 'forward_mode', None)!r} (actual_forward_mode "
+                             f"{getattr(fb, 'actual_forward_mode', None)!r}); map an engine's own mode first") from None
         if b is None:
             if not isinstance(bs, int) or bs < 0:
                 raise BatchError(f"batch_size must be a non-negative int, got {bs!r}")
@@ -119,7 +124,7 @@ class CompiledAttentionBackend(AttentionBackend):
 
     def init_forward_metadata_in_graph(self, fb) -> None:
         b = self._current
-        if b is None or b.bs != fb.batch_size:
+        if b is None or b.bs != getattr(fb, "batch_size", None):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
         b.in_fn(*b.in_args)
         for fn in b.after_in:

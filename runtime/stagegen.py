@@ -28,7 +28,7 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
     on_host = f" or not a{i}.is_cpu" if host_only else ""
     fetch = [f"a{i} = fb.{s.source}",
              f"if a{i}.__class__ is not T or a{i}.dtype is not DT{i}{on_host} "
-             f"or not a{i}.is_contiguous() or a{i}.shape[0] < {n}:",
+             f"or not a{i}.is_contiguous() or a{i}.dim() != 1 or a{i}.shape[0] < {n}:",
              "    return general(fb, bs, raw, capture)"]
     copy = [f"memmove(P{i}, a{i}.data_ptr(), {n} * {s.itemsize})"]
     if not s.full_range:  # read as unsigned, a negative value is huge: one maximum checks [0, hi]

@@ -212,7 +212,13 @@ class Stager:
                 s.pad(0, total)
                 continue
             if not isinstance(src, torch.Tensor):  # an engine's host list (extend_seq_lens_cpu): the slow path
-                src = torch.as_tensor(src)
+                try:
+                    src = torch.as_tensor(src)
+                except (TypeError, ValueError, RuntimeError) as e:
+                    raise BatchError(f"{name} must be a tensor or a list of integers, got {type(src).__name__} ({e})") \
+                        from None
+            if src.dim() > 1 and src.numel() != src.shape[0]:
+                raise BatchError(f"{name} must be one value per row (1-D), got shape {tuple(src.shape)}")
             if src.shape[0] < live if src.dim() else True:
                 raise BatchError(f"{name} has {src.shape[0] if src.dim() else 'no'} values for a batch of {raw}"
                                  f"{f' x {s.per_row}' if s.per_row > 1 else ''} rows")

@@ -108,6 +108,9 @@ class SpecBuilder:
         range before a step runs; ``hi`` overrides the kind's upper bound (e.g. ``"L - D"``)."""
         if not isinstance(kind, Kind):
             raise SpecError(f"{caller_origin()}: kind must be one of {[k.value for k in Kind]}, got {kind!r}")
+        if fill is not None and (isinstance(fill, bool) or not isinstance(fill, int)):
+            raise SpecError(f"{caller_origin()}: input {name!r} has fill {fill!r} ({type(fill).__name__}); a fill "
+                            "is an int of the input's dtype (padded rows hold it)")
         try:
             t = TensorType(dtype, tuple(shape), placement)
         except (TypeError, ValueError, SyntaxError) as e:
@@ -153,7 +156,12 @@ class SpecBuilder:
         return self.op(Op.cast, x, dtype=dtype, name=name)
 
     def ewise(self, fn: str, x: V, y: V | int, name=None) -> V:
+        if isinstance(y, bool) or (not isinstance(y, (int, V))):
+            raise SpecError(f"{caller_origin()}: ewise {fn!r}'s second operand must be a value or an int constant, got "
+                            f"{type(y).__name__} {y!r}")
         if isinstance(y, int):
+            if y == 0 and fn in ("floordiv", "ceildiv", "mod"):
+                raise SpecError(f"{caller_origin()}: ewise {fn!r} by the constant 0: every step would divide by zero")
             return self.op(Op.ewise_const, x, fn=fn, value=y, name=name)
         return self.op(Op.ewise, x, y, fn=fn, name=name)
 

@@ -21,7 +21,13 @@ def infer_slice(ins, a):
     (x,) = ins
     if not x.shape:
         raise ShapeError(f"slice needs at least 1-D input, got {x}")
-    return attrs.evolve(x, shape=(a["stop"] - a["start"], *x.shape[1:]))
+    start, stop, extent = a["start"], a["stop"], x.shape[0]
+    for what, v in (("start", start), ("stop", stop), ("extent", stop - start)):
+        if v.is_number and v < 0:  # known here, or once specialize-batch binds bs
+            raise ShapeError(f"slice [{start}:{stop}] has a negative {what} ({v}) of a {x} value")
+    if not isinstance(extent, Dynamic) and (stop - extent).is_number and stop - extent > 0:
+        raise ShapeError(f"slice [{start}:{stop}] ends past its input's extent {extent}; slice within it")
+    return attrs.evolve(x, shape=(stop - start, *x.shape[1:]))
 
 
 def ref_slice(ins, a):

@@ -75,7 +75,12 @@ class _Cursor:
         return self.name("a value name after %")
 
     def string(self) -> str:
-        return json.loads(self.match(_STR, 'a "quoted string"'))
+        raw = self.match(_STR, 'a "quoted string"')
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:  # a bad escape (\q): JSON's rules, said at the string's place
+            self.i -= len(raw) - e.pos
+            self.fail(f"a bad escape in the string {raw}: use JSON's escapes (\\\\, \\\", \\n, \\uXXXX)")
 
     def int(self) -> int:
         return int(self.match(_INT, "an integer"))

@@ -3,8 +3,9 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from ..ir import Graph
-from ..ir.ops import norm_attr
+from ..ir import Graph, Op
+from ..ir.errors import ShapeError
+from ..ir.ops import infer, norm_attr
 from ..ir.types import bind
 from .registry import PassContext, register_pass
 
@@ -41,4 +42,24 @@ def specialize_batch(g: Graph, ctx: PassContext) -> Graph:
 
     inputs = tuple(attrs.evolve(i, type=typ(i.type)) for i in g.inputs)
     nodes = tuple(attrs.evolve(n, type=typ(n.type), attrs=tuple((k, val(v)) for k, v in n.attrs)) for n in g.nodes)
-    return attrs.evolve(g, name=f"{g.name}.bs{ctx.bs}", inputs=inputs, nodes=nodes, symbols=env)
+    out = attrs.evolve(g, name=f"{g.name}.bs{ctx.bs}", inputs=inputs, nodes=nodes, symbols=env)
+    _extents_hold(out, ctx.bs)
+    return out
+
+
+def _extents_hold(g: Graph, bs: int) -> None:
+    """A spec's symbolic row ranges (``slice``) and extents, bound to this size, must be ranges: a slice
+    to ``bs - 3`` holds at bs 8 and not at bs 1. Checked here, for every size compiled, as a spec error
+    naming the size (the verifier would only find a malformed graph)."""
+    types = {i.name: i.type for i in g.inputs} | {n.name: n.type for n in g.nodes}
+    for n in g.nodes:
+        bad = [d for d in n.type.shape if getattr(d, "is_number", False) and d < 0]
+        try:
+            if n.op is Op.slice:
+                infer(n.op, [types[x] for x in n.inputs], n.a)
+            if bad:
+                raise ShapeError(f"extent {bad[0]} < 0 in {n.type}")
+        except ShapeError as e:
+            where = f" ({n.origin})" if n.origin else ""
+            raise ShapeError(f"%{n.name} = {n.op.value}{where} does not hold at batch size {bs}: {e}; make the "
+                             "range valid at every captured size, or drop that size") from None

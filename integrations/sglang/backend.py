@@ -105,12 +105,32 @@ def split_scratch(b, rows: int, made: dict) -> tuple:
     return made[key]
 
 
+def checked_mask(v, D: int):
+    """The drafter's tree mask of verify batch ``v``, refused by name when it cannot be one: not boolean
+    (SGLang's are bool or uint8), or shorter than its rows need (``D * (seq + D)`` per request, known
+    from the host lengths when the batch has them)."""
+    src = getattr(v.spec_info, "custom_mask", None)
+    if src is None:
+        return None
+    if src.dtype not in (torch.bool, torch.uint8):
+        raise BatchError(f"spec_info.custom_mask must be bool or uint8 (one entry per query x key), got {src.dtype}: "
+                         "a float mask would be cast, NaN included")
+    seq = v.seq_lens_cpu
+    if seq is not None:
+        need = int((D * (seq[: v.raw_batch_size].long() + D)).sum())
+        if src.numel() < need:
+            raise BatchError(f"spec_info.custom_mask has {src.numel()} entries; the batch's {v.raw_batch_size} "
+                             f"requests need {need} (D x (seq_len + D) each, D = {D})")
+    return src
+
+
 def verify_mask(backend, v, in_capture: bool):
     """The tree mask a verify step's kernel reads, as SGLang's own backends choose it: none without a
     drafter's mask; SGLang's verify-mask buffer once the graph runner made it (the drafter's tree
     kernel writes it in place; a mask given elsewhere is copied in, as SGLang copies it); else the
     drafter's mask itself (an eager step)."""
-    src = getattr(v.spec_info, "custom_mask", None)
+    src = checked_mask(v, backend.attnmeta.compiled.options.num_draft_tokens) if not in_capture else \
+        getattr(v.spec_info, "custom_mask", None)
     if src is None:
         return None
     vm = getattr(backend, "verify_mask", None)
@@ -169,7 +189,8 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
 
     def _before_staging(self, v, in_capture: bool) -> None:
         if v.forward_mode.is_target_verify():  # FlashInfer's plan() (and the device packer) read the bound mask
-            src = getattr(v.spec_info, "custom_mask", None)
+            src = checked_mask(v, self.attnmeta.compiled.options.num_draft_tokens) if not in_capture else \
+                getattr(v.spec_info, "custom_mask", None)
             buf = getattr(self.attnmeta.bound(v.forward_mode, v.batch_size).meta, "custom_mask", None)
             if src is not None and buf is not None:
                 n = src.numel()

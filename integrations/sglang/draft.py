@@ -16,7 +16,7 @@ decode and for draft extend (the target's kind of backend, built on the draft ru
 from __future__ import annotations
 
 from attnmeta.compiler import compile_backend
-from attnmeta.compiler.ir.errors import OptionsError
+from attnmeta.compiler.ir.errors import ContractError, OptionsError
 
 from .backend import FlashInferBackend, TritonBackend, device_planned, resolved_options, split_scratch
 from .batch import MODES, BatchView
@@ -81,6 +81,9 @@ class _Drafter:
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         if not self._ours:
+            if self._serves(forward_batch):
+                raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this "
+                                    "draft batch; call out_graph first, then in_graph on the same batch")
             return super().init_forward_metadata_in_graph(forward_batch)
         self.attnmeta.init_forward_metadata_in_graph(self._view)
 

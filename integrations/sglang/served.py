@@ -133,6 +133,9 @@ class CompiledModes:
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         if self._ours is None:
+            if self._serves(forward_batch):  # SGLang's own in_graph would leave this batch's metadata unbuilt
+                raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this "
+                                    "batch; call out_graph first (SGLang's runners do), then in_graph on it")
             return super().init_forward_metadata_in_graph(forward_batch)
         # SGLang may hand in_graph another object than out_graph (a view of the same batch): the pair must
         # agree on what the captured kernel was staged for

@@ -15,13 +15,14 @@ from collections import Counter
 
 import torch
 
-from attnmeta.compiler.ir.errors import UserError
+from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.modes import ForwardMode
 
 from ..backend import AttentionBackend
 from ..forward import ForwardBatch, ReplayView
 from ..graphs import new_graph
 from ..models import DecodeModel
+from ..staging import BatchError
 
 log = logging.getLogger("attnmeta.runtime")
 
@@ -109,8 +110,17 @@ class GraphRunner:
         return r
 
     def _step(self, fb: ForwardBatch, q: torch.Tensor) -> torch.Tensor:
+        if not isinstance(fb.forward_mode, ForwardMode):
+            raise BatchError(f"forward_mode must be attnmeta's ForwardMode (attnmeta.runtime.ForwardMode), got "
+                             f"{fb.forward_mode!r}; map an engine's own mode first (attnmeta.integrations.sglang."
+                             "attnmeta_mode for SGLang's)")
         key = fb.forward_mode.graph_key
         raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
+        if q.shape[0] < raw:
+            raise BatchError(f"the query has {q.shape[0]} rows for a batch of {raw} requests: pass one row per request "
+                             "(the model reads the first batch_size rows)")
+        if key in self.modes and not self.graphs:
+            raise ContractError("GraphRunner.run before capture(): call runner.capture() once, before serving")
         bs = self.padded_size(raw)
         if key not in self.modes or bs is None:
             self.stats["eager"] += 1

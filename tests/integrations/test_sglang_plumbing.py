@@ -108,3 +108,35 @@ def test_the_shaped_metadata_is_built_once_per_plan(server):
         assert be.forward_metadata is first and first.kv_indptr[:3].tolist() == [0, 5, 14]
         be.init_forward_metadata(decode(server, [1, 2, 3], [5, 9, 2]))
         assert be.forward_metadata is not first and be.forward_metadata.kv_indptr[:4].tolist() == [0, 5, 14, 16]
+
+
+def test_in_graph_before_out_graph_is_a_contract_error(server):
+    be = server.backend
+    with server.active():
+        be.init_forward_metadata(decode(server, [1], [3]))
+        from tests.integrations.sglang_server import prefill
+
+        be.init_forward_metadata(prefill(server, [2], [0], [5]))  # SGLang's own path: nothing of attnmeta's staged
+        with pytest.raises(ContractError, match="in_graph before init_forward_metadata_out_graph"):
+            be.init_forward_metadata_in_graph(decode(server, [1], [3]))
+
+
+def test_a_verify_mask_that_cannot_be_one_is_refused():
+    """A float (NaN included) mask, or one shorter than its rows need, is named before anything runs."""
+    import torch
+
+    from tests.integrations.sglang_server import verify
+
+    s = Server(["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE",
+                "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens",
+                "4"])
+    with s.active():
+        fb = verify(s, [1, 2], [5, 9], random.Random(0))
+        fb.spec_info.custom_mask = fb.spec_info.custom_mask.float().masked_fill(torch.rand(1) < 2, float("nan"))
+        with pytest.raises(BatchError, match="custom_mask must be bool or uint8 .* got torch.float32"):
+            s.backend.init_forward_metadata(fb)
+        fb = verify(s, [1, 2], [5, 9], random.Random(0))
+        fb.spec_info.custom_mask = fb.spec_info.custom_mask[:-3]
+        with pytest.raises(BatchError, match=r"custom_mask has 85 entries; the batch's 2 requests need 88"):
+            s.backend.init_forward_metadata(fb)
+        s.backend.init_forward_metadata(verify(s, [1, 2], [5, 9], random.Random(0)))  # and a good one is served

@@ -1,0 +1,229 @@
+"""Property-based fuzzing of every input boundary (hypothesis), run by ``tests/test_fuzz.py``.
+
+The property everywhere: what goes in comes out as attnmeta's typed error (a ``UserError``: a
+``BatchError``, ``SpecError``, ``ParseError`` ...), or as the right result (metadata equal to the
+eager twin and the reference interpreter; a parsed graph equal to the printed one; a CLI exit 0 or
+2 with one line) - never another exception, never a crash. Crash-prone cases run in a subprocess:
+``python -m tests.fuzz PROFILE`` runs every property with that profile and prints the count of cases;
+a segfault or abort there fails the test that started it, with the seed hypothesis printed.
+
+Boundaries: batches (each field's dtype, shape, stride, range, NaN/inf, padding count, mode) into a
+compiled backend; SGLang-style replay views (``num_padding``, ``actual_forward_mode``) through the
+integration's ``BatchView``; specs (slices, fills, divisors, kinds); ``.ir`` text; CLI options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnmeta.backends.eager import get_eager
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.compiler.ir import eval_graph, parse, print_graph
+from attnmeta.compiler.ir.errors import AttnmetaError, UserError
+from attnmeta.runtime import ForwardBatch, ReplayView
+from tests.oracles import assert_metadata_equal, padded
+
+PROFILES = {"fast": 60, "long": 20000}  # examples per property (long: 100k cases in all)
+L, ROWS, MAX_BS, SIZES = 96, 12, 8, (2, 8)
+COUNT = {"cases": 0, "accepted": 0}
+
+
+def _compiled():
+    cache = _compiled.__dict__.setdefault("cache", {})
+    if not cache:
+        for name in ("triton", "flashinfer", "flashattention"):
+            cache[name] = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                               modes=("decode", "idle")))
+    return cache
+
+
+def _pool() -> torch.Tensor:
+    t = torch.arange(ROWS * L, dtype=torch.int32).view(ROWS, L) + 1
+    t[0] = 0
+    return t
+
+
+DTYPES = st.sampled_from([torch.int32, torch.int64, torch.int16, torch.uint8, torch.float32, torch.bool])
+VALUES = st.one_of(st.integers(-3, L + 3), st.sampled_from([-(2 ** 31), 2 ** 31, 2 ** 40, 0, 1, L]))
+
+
+@st.composite
+def batches(draw):
+    """A batch as a buggy engine might build it: every field's dtype, length, layout and values drawn."""
+    n = draw(st.integers(0, MAX_BS + 2))
+    mode = draw(st.sampled_from([ForwardMode.DECODE, ForwardMode.IDLE, "decode", None]))
+
+    def field(valid_lo, valid_hi):
+        k = draw(st.sampled_from(["good", "good", "good", "dtype", "short", "2d", "strided", "values", "nan", "none",
+                                  "list"]))
+        vals = [draw(st.integers(valid_lo, valid_hi)) for _ in range(n)]
+        if k == "values":
+            vals = [draw(VALUES) for _ in range(n)]
+        if k == "none":
+            return None
+        if k == "list":
+            return vals
+        t = torch.tensor(vals, dtype=torch.int64 if k != "dtype" else draw(DTYPES))
+        if k == "short":
+            return t[: max(n - 1, 0)]
+        if k == "2d":
+            return t.view(-1, 1).repeat(1, 2)
+        if k == "strided":
+            return torch.stack([t, t], 1)[:, 0]
+        if k == "nan":
+            f = t.float()
+            if n:
+                f[0] = draw(st.sampled_from([float("nan"), float("inf"), -float("inf")]))
+            return f
+        return t.to(torch.int32) if draw(st.booleans()) else t
+
+    seq, rows = field(1, L), field(1, ROWS - 1)
+    seq_t = seq if isinstance(seq, torch.Tensor) else None
+    fb = ForwardBatch(mode if isinstance(mode, ForwardMode) else ForwardMode.DECODE, n, req_pool_indices=rows,
+                      req_pool_indices_cpu=rows if draw(st.booleans()) else None, seq_lens=seq_t,
+                      seq_lens_cpu=seq if draw(st.booleans()) else seq_t)
+    if mode is None or isinstance(mode, str):
+        object.__setattr__(fb, "forward_mode", mode) if hasattr(fb, "__attrs_attrs__") else None
+    if draw(st.booleans()):  # a replay view: padded to a captured size, some rows padding
+        bs = draw(st.sampled_from(SIZES + (n, n + 1)))
+        raw = draw(st.integers(-2, bs + 1))
+        fb = ReplayView(bs, fb.forward_mode, draw(st.sampled_from([fb.forward_mode, ForwardMode.IDLE])), raw,
+                        req_pool_indices=fb.req_pool_indices, req_pool_indices_cpu=fb.req_pool_indices_cpu,
+                        seq_lens=fb.seq_lens, seq_lens_cpu=fb.seq_lens_cpu)
+    return fb
+
+
+def _good(fb) -> bool:
+    """Whether the batch is one a correct engine could send (the oracle then must agree)."""
+    return isinstance(fb, ForwardBatch) and fb.forward_mode is ForwardMode.DECODE and fb.batch_size >= 1
+
+
+def check_batch(name: str, fb) -> None:
+    """The boundary's property for one backend and batch."""
+    COUNT["cases"] += 1
+    be = _compiled()[name].instantiate(_pool())
+    try:
+        be.init_forward_metadata(fb)
+    except UserError:
+        return
+    COUNT["accepted"] += 1
+    if _good(fb):  # accepted: the metadata is the twin's and the interpreter's, on the batch's values
+        bs = fb.batch_size
+        rows = fb.req_pool_indices_cpu if fb.req_pool_indices_cpu is not None else fb.req_pool_indices
+        seq = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens
+        clean = padded(ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=torch.as_tensor(rows).reshape(-1)[:bs]
+                                    .long(), seq_lens=torch.as_tensor(seq).reshape(-1)[:bs].int(),
+                                    seq_lens_cpu=torch.as_tensor(seq).reshape(-1)[:bs].int()), bs)
+        twin = get_eager(name)(_pool(), MAX_BS) if name != "flashattention" else get_eager(name)(_pool(), MAX_BS, 1)
+        assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(clean), clean.seq_lens_cpu, 1)
+        want = eval_graph(_compiled()[name].plan(ForwardMode.DECODE, bs).graph, _interp_inputs(clean, bs))
+        for field, w in want.items():
+            if isinstance(w, torch.Tensor) and not field.endswith(("kv_indices", "page_table")):
+                assert torch.equal(getattr(be.forward_metadata, field).cpu(), w), field
+
+
+def _interp_inputs(fb, bs):
+    from tests.batches import interp_inputs
+
+    return interp_inputs(fb, bs, _pool(), {"seq_lens": 1, "seq_lens_cpu": 1, "req_pool_indices": 0})
+
+
+IR_EDITS = st.lists(st.tuples(st.integers(0, 4000), st.sampled_from(['"\\q"', "%", "[", "]", "(", "bs", "-1", "@",
+                                                                     "i32", "{", "}", "\n", ",", "x", '"', "\\"])),
+                    max_size=4)
+
+
+def check_ir(edits) -> None:
+    COUNT["cases"] += 1
+    g = _compiled()["triton"].plan(ForwardMode.DECODE, 8).graph
+    text = print_graph(g)
+    for at, s in edits:
+        at %= len(text) + 1
+        text = text[:at] + s + text[at:]
+    try:
+        g2 = parse(text)
+    except UserError:
+        return
+    if not edits:
+        assert g2 == g
+
+
+SPEC_ARGS = st.tuples(st.sampled_from(["bs", "bs - 3", "bs + 1", 0, 2, "max_bs", "L", -1]),
+                      st.sampled_from(["floordiv", "mod", "add", "ceildiv"]), st.sampled_from([0, 1, 2, -1, 1.5, True]),
+                      st.sampled_from([1, 0, -1, 1.5, True, None]))
+
+
+def check_spec(args) -> None:
+    from attnmeta.compiler import BackendSpec
+    from attnmeta.compiler.ir import DType, Kind, Placement, SpecBuilder
+
+    COUNT["cases"] += 1
+    stop, fn, const, fill = args
+
+    def build(mode, options):
+        b = SpecBuilder("fuzz")
+        seq = b.input("seq_lens", DType.int32, ["bs"], fill=fill, mirror="seq_lens_cpu", kind=Kind.length)
+        b.input("seq_lens_cpu", DType.int32, ["bs"], Placement.host, fill=fill, kind=Kind.length)
+        with b.in_graph():
+            x = b.ewise(fn, b.slice(seq, 0, stop), const)
+        b.outputs(x=x)
+        return b.build()
+
+    try:
+        compile_backend(BackendSpec("fuzz", build, (ForwardMode.DECODE,)),
+                        CompileOptions(max_bs=4, capture_sizes=(1, 4), max_context_len=16))
+    except UserError:
+        return
+
+
+CLI_ARGS = st.lists(st.sampled_from(["compile", "inspect", "bench", "demo", "triton", "flashinfer", "nope", "--max-bs",
+                                     "0", "-3", "4", "x", "--page-size", "3", "--modes", "decode", "verify",
+                                     "--dump-bs", "999", "--disable-pass", "fuse", "--force", "--sm-count", "--topk",
+                                     "--max-context-len", "1"]), max_size=7)
+
+
+def check_cli(argv) -> None:
+    from attnmeta.app.cli import main
+
+    COUNT["cases"] += 1
+    if argv[:1] in (["demo"], ["bench"]) or "--help" in argv:
+        argv = ["compile", *argv[1:]]  # the long-running commands are fuzzed through compile's options
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse: a usage error is exit 2
+            code = e.code
+    assert code in (0, 2), (argv, code, err.getvalue()[-500:])
+    if code == 2:
+        assert "Traceback" not in err.getvalue(), (argv, err.getvalue())
+
+
+def run(profile: str) -> int:
+    """Every property with ``profile``'s number of examples; returns the cases run."""
+    n = PROFILES[profile]
+    cfg = settings(max_examples=n, deadline=None, database=None, derandomize=profile == "fast",
+                   suppress_health_check=list(HealthCheck))
+    for name in ("triton", "flashinfer", "flashattention"):
+        cfg(given(st.just(name), batches())(check_batch))()
+    cfg(given(IR_EDITS)(check_ir))()
+    cfg(given(SPEC_ARGS)(check_spec))()
+    settings(cfg, max_examples=max(n // 20, 20))(given(CLI_ARGS)(check_cli))()
+    return COUNT["cases"]
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("ATTNMETA_VERIFY", "1")
+    try:
+        print("cases", run(sys.argv[1] if len(sys.argv) > 1 else "fast"), "batches accepted", COUNT["accepted"],
+              flush=True)
+    except AttnmetaError as e:  # an attnmeta error escaping a property is a finding too: say which
+        print(f"untyped escape: {type(e).__name__}: {e}", flush=True)
+        raise
