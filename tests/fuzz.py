@@ -101,8 +101,12 @@ def batches(draw):
 
 
 def _good(fb) -> bool:
-    """Whether the batch is one a correct engine could send (the oracle then must agree)."""
-    return isinstance(fb, ForwardBatch) and fb.forward_mode is ForwardMode.DECODE and fb.batch_size >= 1
+    """Whether the batch is one a correct engine could send (the oracle then must agree): a decode batch
+    of at least one request, each at least one token long (a decode step decodes one; the twin, written
+    as engines write it, divides by the shortest length, as SGLang's split heuristic does)."""
+    seq = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens
+    return (isinstance(fb, ForwardBatch) and fb.forward_mode is ForwardMode.DECODE and fb.batch_size >= 1
+            and int(torch.as_tensor(seq).reshape(-1)[: fb.batch_size].min()) >= 1)
 
 
 def check_batch(name: str, fb) -> None:

@@ -34,3 +34,25 @@ def test_the_launcher_registers_the_backends():
     assert mod.BACKENDS == ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_dsv4"]
     assert all(n in ATTENTION_BACKENDS for n in mod.BACKENDS)
     assert callable(mod.main)
+
+
+def test_every_documented_launch_is_a_served_case():
+    """Each launch command docs/SGLANG.md shows is one test_sglang_serving / test_sglang_flashinfer starts
+    from (the model and draft paths and the optional bracket aside)."""
+    import re
+
+    from tests.integrations.test_sglang_flashinfer import FLAGS as FI
+    from tests.integrations.test_sglang_serving import FLAGS as TRITON
+
+    text = open(os.path.join(ROOT, "docs", "SGLANG.md")).read()
+    block = re.search(r"## Launching\n\n```sh\n(.*?)```", text, re.S).group(1).replace("\\\n", " ")
+    served = [set(f) for f in (*TRITON.values(), *FI.values())]
+    launches = [line for line in block.splitlines() if line.strip()]
+    assert len(launches) == 5
+    for line in launches:
+        words = re.sub(r"\[.*?\]", "", line).split()
+        flags = words[words.index("<model>") + 1:]
+        if "--speculative-draft-model-path" in flags:
+            i = flags.index("--speculative-draft-model-path")
+            del flags[i : i + 2]
+        assert any(set(flags) <= s for s in served), line
