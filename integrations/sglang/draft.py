@@ -15,12 +15,10 @@ decode and for draft extend (the target's kind of backend, built on the draft ru
 
 from __future__ import annotations
 
-from attnmeta.compiler import compile_backend
-from attnmeta.compiler.ir.errors import ContractError, OptionsError
+from attnmeta.compiler.ir.errors import OptionsError
 
 from .backend import FlashInferBackend, TritonBackend, device_planned, resolved_options, split_scratch
-from .batch import MODES, BatchView
-from .served import check_agrees
+from .served import CompiledModes
 
 try:
     from sglang.srt.layers.attention.flashinfer_backend import (
@@ -30,64 +28,21 @@ try:
 except ImportError as e:  # the optional extra: say so once, at import
     raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
 
-DECODING = frozenset(MODES[m] for m in ("DECODE", "IDLE"))
 
+class _Drafter(CompiledModes):
+    """Mixin before SGLang's multi-step draft backend class: the routing of ``CompiledModes`` (a draft
+    round is a decode batch), every step's metadata handed to that step's own SGLang backend."""
 
-class _Drafter:
-    """Mixin before SGLang's multi-step draft backend class."""
+    sglang_name = ""
 
-    spec_name = ""
+    def _shape(self, m, v):
+        return [self._step_shape(m, s) for s in range(len(self.attn_backends))]
 
-    def _attach(self, runner, compiled, wanted) -> None:
-        if compiled is None:
-            compiled = compile_backend(self.spec_name, wanted)
-        else:
-            check_agrees(compiled.options, wanted, "the compiled draft backend")
-        self.attnmeta = compiled.instantiate(runner.req_to_token_pool.req_to_token, device=runner.device)
-        self._view = BatchView()
-        self._shaped: dict[int, tuple] = {}  # bs -> (bound fields, one metadata object per step)
-        self._ours = False
-
-    def _serves(self, fb) -> bool:
-        return MODES.get(getattr(fb.forward_mode, "name", None)) in DECODING and fb.batch_size <= self.attnmeta.max_bs
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        if max_bs > self.attnmeta.max_bs:
-            raise OptionsError(f"SGLang captures draft batches up to {max_bs} but {self.spec_name} was compiled "
-                               f"for max_bs={self.attnmeta.max_bs}; compile with max_bs >= {max_bs}")
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-        self._shaped.clear()
-
-    def init_forward_metadata(self, forward_batch) -> None:
-        if not self._serves(forward_batch):
-            self._ours = False
-            return super().init_forward_metadata(forward_batch)
-        self.init_forward_metadata_out_graph(forward_batch)
-        self.init_forward_metadata_in_graph(forward_batch)
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
-        if not self._serves(forward_batch):
-            self._ours = False
-            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
-        v = self._view.fill(forward_batch)
-        self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
-        m = self.attnmeta.forward_metadata
-        hit = self._shaped.get(v.batch_size)
-        if hit is None or hit[0] is not m:
-            hit = self._shaped[v.batch_size] = (m, [self._shape(m, s) for s in range(len(self.attn_backends))])
-        for child, meta in zip(self.attn_backends, hit[1], strict=True):
+    def _publish(self, shaped) -> None:
+        for child, meta in zip(self.attn_backends, shaped, strict=True):
             child.forward_metadata = meta
-        self._ours = True
 
-    def init_forward_metadata_in_graph(self, forward_batch) -> None:
-        if not self._ours:
-            if self._serves(forward_batch):
-                raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this "
-                                    "draft batch; call out_graph first, then in_graph on the same batch")
-            return super().init_forward_metadata_in_graph(forward_batch)
-        self.attnmeta.init_forward_metadata_in_graph(self._view)
-
-    def _shape(self, m, step: int):
+    def _step_shape(self, m, step: int):
         raise NotImplementedError
 
 
@@ -111,10 +66,10 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=c.num_head, num_kv_heads=c.num_kv_head,
                                   sm_count=0 if static else c.device_core_count, max_kv_splits=c.max_kv_splits)
-        self._attach(model_runner, compiled, wanted)
+        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
         self._eager_scratch: dict = {}
 
-    def _shape(self, m, s: int):
+    def _step_shape(self, m, s: int):
         from sglang.srt.layers.attention.triton_backend import ForwardMetadata
 
         rows = self.attnmeta.max_bs * self.topk
@@ -148,12 +103,12 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1],
                                   plan_on_device=device_planned(planner))
-        self._attach(model_runner, compiled, wanted)
+        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, *heads, q_dtype=mc.dtype,
                                                kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,
                                                use_tensor_cores=c.decode_use_tensor_cores, planner=planner)
 
-    def _shape(self, m, s: int):
+    def _step_shape(self, m, s: int):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata
 
         return DecodeMetadata(decode_wrappers=[_step(m, s, "plan")])

@@ -128,7 +128,7 @@ class CompiledModes:
         if hit is None or hit[0] is not m:  # the first step of this plan, or its buffers were bound again
             hit = self._shaped[key] = (m, self._shape(m, v))
         self._per_step(hit[1], m, v, in_capture)
-        self.forward_metadata = hit[1]
+        self._publish(hit[1])
         self._ours = forward_batch
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
@@ -157,3 +157,7 @@ class CompiledModes:
 
     def _per_step(self, meta, m, v: BatchView, in_capture: bool) -> None:
         """Per-step updates of the shaped object (fields that are not static buffers)."""
+
+    def _publish(self, shaped) -> None:
+        """Hand the shaped metadata to the code that reads it: this backend's ``forward_metadata``."""
+        self.forward_metadata = shaped
