@@ -30,7 +30,7 @@ from attnmeta.compiler.ir.errors import AttnmetaError, UserError
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.oracles import assert_metadata_equal, padded
 
-PROFILES = {"fast": 60, "long": 20000}  # examples per property (long: 100k cases in all)
+PROFILES = {"fast": 60, "long": 27000}  # examples per property (long: over 100k cases in all)
 L, ROWS, MAX_BS, SIZES = 96, 12, 8, (2, 8)
 COUNT = {"cases": 0, "accepted": 0}
 
