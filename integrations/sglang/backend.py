@@ -105,13 +105,13 @@ def split_scratch(b, rows: int, made: dict) -> tuple:
     return made[key]
 
 
-def checked_mask(v, D: int):
+def checked_mask(v, D: int, in_capture: bool):
     """The drafter's tree mask of verify batch ``v``, refused by name when it cannot be one: not boolean
     (SGLang's are bool or uint8), or shorter than its rows need (``D * (seq + D)`` per request, known
-    from the host lengths when the batch has them)."""
+    from the host lengths when the batch has them). A capture batch's mask is the runner's own buffer."""
     src = getattr(v.spec_info, "custom_mask", None)
-    if src is None:
-        return None
+    if src is None or in_capture:
+        return src
     if src.dtype not in (torch.bool, torch.uint8):
         raise BatchError(f"spec_info.custom_mask must be bool or uint8 (one entry per query x key), got {src.dtype}: "
                          "a float mask would be cast, NaN included")
@@ -129,8 +129,7 @@ def verify_mask(backend, v, in_capture: bool):
     drafter's mask; SGLang's verify-mask buffer once the graph runner made it (the drafter's tree
     kernel writes it in place; a mask given elsewhere is copied in, as SGLang copies it); else the
     drafter's mask itself (an eager step)."""
-    src = checked_mask(v, backend.attnmeta.compiled.options.num_draft_tokens) if not in_capture else \
-        getattr(v.spec_info, "custom_mask", None)
+    src = checked_mask(v, backend.attnmeta.compiled.options.num_draft_tokens, in_capture)
     if src is None:
         return None
     vm = getattr(backend, "verify_mask", None)
@@ -139,11 +138,16 @@ def verify_mask(backend, v, in_capture: bool):
             raise BatchError("a verify batch with a tree mask is being captured before init_cuda_graph_state made "
                              "SGLang's verify-mask buffer")
         return src
-    buf = vm.buffer
+    return copy_mask(src, vm.buffer)
+
+
+def copy_mask(src, buf):
+    """The drafter's mask into the static buffer a captured kernel (or a planner) reads, as SGLang copies
+    it into its own; nothing to copy where the drafter wrote the buffer in place."""
     n = src.numel()
     if n > buf.numel():
-        raise BatchError(f"spec_info.custom_mask has {n} entries; SGLang's verify mask buffer holds {buf.numel()} "
-                         f"(max_bs * D * (L + D)): the batch is larger or longer than the server was started for")
+        raise BatchError(f"spec_info.custom_mask has {n} entries; the verify mask buffer holds {buf.numel()} "
+                         "(max_bs * D * (L + D)): the batch is larger or longer than the backend was built for")
     if src.data_ptr() != buf.data_ptr():
         buf[:n].copy_(src.reshape(-1), non_blocking=True)
     return buf
@@ -189,15 +193,10 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
 
     def _before_staging(self, v, in_capture: bool) -> None:
         if v.forward_mode.is_target_verify():  # FlashInfer's plan() (and the device packer) read the bound mask
-            src = checked_mask(v, self.attnmeta.compiled.options.num_draft_tokens) if not in_capture else \
-                getattr(v.spec_info, "custom_mask", None)
+            src = checked_mask(v, self.attnmeta.compiled.options.num_draft_tokens, in_capture)
             buf = getattr(self.attnmeta.bound(v.forward_mode, v.batch_size).meta, "custom_mask", None)
             if src is not None and buf is not None:
-                n = src.numel()
-                if n > buf.numel():
-                    raise BatchError(f"spec_info.custom_mask has {n} entries; the verify mask buffer holds "
-                                     f"{buf.numel()} (max_bs * D * (L + D)): the batch is longer than compiled")
-                buf[:n].copy_(src.reshape(-1), non_blocking=True)
+                copy_mask(src, buf)
 
     def _shape(self, m, v):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata, PrefillMetadata
