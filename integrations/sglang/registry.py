@@ -3,7 +3,8 @@
 ``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer`` and ``attnmeta_dsv4`` to SGLang's
 registry and to the names ``--attention-backend`` (and ``--decode-attention-backend``,
 ``--prefill-attention-backend``) accept, and teaches SGLang's ``DraftBackendFactory`` the same names
-for EAGLE's draft decode and draft extend. SGLang then builds them from its ``ModelRunner`` as it
+for EAGLE's draft decode and draft extend, and lets its speculative-decoding checks take each name for
+the kind it is (``_speculative_checks_see_kinds``). SGLang then builds them from its ``ModelRunner`` as it
 builds its own kinds: each is SGLang's own backend of that kind (``backend.py``), compiled at start
 from what SGLang resolved or, with ``ATTNMETA_ARTIFACT=path`` (an artifact of ``attnmeta compile ...
 --out path``), loaded without compiling and checked against the server.
@@ -79,4 +80,42 @@ def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str
             choices.ATTENTION_BACKEND_CHOICES.append(name)
         names.append(name)
     patch_draft_factory(prefix)
+    _speculative_checks_see_kinds(prefix)
     return names
+
+
+_BACKEND_FIELDS = ("attention_backend", "decode_attention_backend", "prefill_attention_backend",
+                   "speculative_draft_attention_backend")
+
+
+class _KindView:
+    """SGLang's resolved view of the server arguments, with ``prefix + kind`` read as ``kind``."""
+
+    def __init__(self, view, prefix: str):
+        self._view, self._prefix = view, prefix
+
+    def __getattr__(self, name):
+        value = getattr(self._view, name)
+        if name in _BACKEND_FIELDS and isinstance(value, str) and value.startswith(self._prefix):
+            kind = value[len(self._prefix):]
+            return kind if kind in KINDS else value
+        return value
+
+
+def _speculative_checks_see_kinds(prefix: str) -> None:
+    """SGLang's speculative-decoding hook decides by backend name which kinds serve what (for instance
+    EAGLE with topk > 1 on pages > 1: only its triton, flashinfer and fa3, whose draft metadata reads
+    each branch's page-aligned region). attnmeta's backends are those kinds and compile the same
+    layout, so the hook reads ``prefix + kind`` as ``kind``; every other hook sees the real name.
+    Idempotent."""
+    from sglang.srt.arg_groups import speculative_hook
+
+    real = speculative_hook.resolved_view
+    if getattr(real, "attnmeta", False):
+        return
+
+    def resolved_view(server_args):
+        return _KindView(real(server_args), prefix)
+
+    resolved_view.attnmeta = True
+    speculative_hook.resolved_view = resolved_view

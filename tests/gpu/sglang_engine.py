@@ -5,10 +5,11 @@ re-import this file as their main module, so ``register()`` at the top reaches t
     python tests/gpu/sglang_engine.py OUT.json CONFIG [CONFIG ...]
 
 CONFIG is ``backend:page_size[:eagle_topk]``, e.g. ``triton:1``, ``attnmeta_flashinfer:16:4``. Each
-engine: a small random-weight Llama (``load_format="dummy"``, fixed seed), CUDA graphs on for decode
-(sizes 1, 2, 4, 8), greedy decoding of fixed prompts given as token ids; with a topk, EAGLE with a
-one-layer random draft model. OUT.json maps each config to its output token ids, seconds to start and
-to generate, or to the error it raised.
+engine: a small seeded one-layer Llama (``checkpoints`` says why these weights), CUDA graphs on for
+decode (sizes 1, 2, 4, 8), greedy decoding of fixed prompts given as token ids; with a topk, EAGLE with
+a draft that proposes the target's own tokens. OUT.json maps each config to its output token ids and
+logprobs, EAGLE's verify rounds and accepted drafts, seconds to start and to generate, or to the error
+it raised.
 """
 
 from __future__ import annotations
@@ -24,43 +25,103 @@ from attnmeta.integrations.sglang import register
 register()
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-         "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+         "intermediate_size": 1024, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2,
          "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
          "rope_theta": 10000.0, "torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False}
-DRAFT = {**LLAMA, "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": 1}
+DRAFT = {**LLAMA, "architectures": ["LlamaForCausalLMEagle"]}
 PROMPTS = [[(7 * i + 3 * j) % 1000 + 1 for j in range(n)] for i, n in enumerate((5, 17, 33, 64, 130, 9))]
 NEW_TOKENS = 24
+LONG = 128  # the timed second request: decode steps dominate it
 
 
-def model(folder: str, config: dict) -> str:
+def model(folder: str, config: dict, weights: dict) -> str:
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
+    from safetensors.torch import save_file
+
+    save_file({k: t.clone() for k, t in weights.items()}, os.path.join(folder, "model.safetensors"))
     return folder
+
+
+def checkpoints() -> tuple[dict, dict]:
+    """A one-layer Llama and an EAGLE draft that computes the same next token, both seeded.
+
+    The target: SGLang's ``dummy`` load format draws every weight (norms included) from U(-1e-3, 1e-3),
+    which leaves attention about 1e-6 of the residual stream, so the greedy tokens follow the last token
+    alone and wrong metadata would serve the same tokens. Here q/k are large enough for sharp,
+    position-dependent attention and v/o carry as much as the residual: a wrong page or length changes
+    what is served.
+
+    The draft: EAGLE's layer reads ``fc(embedding, target hidden)`` with no input norm and no final norm
+    (the lm_head is the target's). With ``fc = [I, 0]``, embedding rows of RMS 1 (so the target's input
+    norm is the identity on them) and the target's layer weights, the draft's layer sees the target's
+    input, keeps the target's KV, and its logits are the target's up to a positive scale: it proposes
+    the target's own greedy token. Acceptance is then close to every draft when the draft's metadata is
+    right, and drops when a draft step reads the wrong keys, which token equality alone cannot show
+    (the target verifies every token whatever the draft proposed)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    c = LLAMA
+    h, d, inter, vocab = c["hidden_size"], c["head_dim"], c["intermediate_size"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+
+    def w(rows: int, cols: int, std: float) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=g) * std).to(torch.bfloat16)
+
+    ones = torch.ones(h, dtype=torch.bfloat16)
+    embed = torch.randn(vocab, h, generator=g)
+    embed = (embed / embed.pow(2).mean(-1, keepdim=True).sqrt()).to(torch.bfloat16)
+    layer = {"post_attention_layernorm.weight": ones,
+             "self_attn.q_proj.weight": w(q, h, 0.1), "self_attn.k_proj.weight": w(kv, h, 0.1),
+             "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, q, q ** -0.5),
+             "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
+             "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}
+    target = {"model.embed_tokens.weight": embed, "model.norm.weight": ones, "lm_head.weight": w(vocab, h, h ** -0.5),
+              "model.layers.0.input_layernorm.weight": ones, **{f"model.layers.0.{k}": t for k, t in layer.items()}}
+    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1).to(torch.bfloat16)
+    draft = {"embed_tokens.weight": embed, "fc.weight": fc, "fc.bias": torch.zeros(h, dtype=torch.bfloat16),
+             **{f"layers.0.{k}": t for k, t in layer.items()}}  # EAGLE's loader adds the "model." prefix
+    return target, draft
 
 
 def run(config: str, root: str) -> dict:
     import sglang
 
     backend, page, *topk = config.split(":")
-    kw = dict(model_path=model(os.path.join(root, "llama"), LLAMA), load_format="dummy", skip_tokenizer_init=True,
-              random_seed=0, mem_fraction_static=0.3, cuda_graph_bs_decode=[1, 2, 4, 8], cuda_graph_max_bs_decode=8,
+    target, draft = checkpoints()
+    kw = dict(model_path=model(os.path.join(root, "llama"), LLAMA, target), load_format="safetensors",
+              skip_tokenizer_init=True, random_seed=0, mem_fraction_static=0.3, max_total_tokens=32768,
+              cuda_graph_bs_decode=[1, 2, 4, 8], cuda_graph_max_bs_decode=8,
               disable_prefill_cuda_graph=True, sampling_backend="pytorch", grammar_backend="none",
               attention_backend=backend, page_size=int(page), log_level="warning")
     if topk:
-        kw |= dict(speculative_algorithm="EAGLE", speculative_draft_model_path=model(os.path.join(root, "draft"),
-                                                                                    DRAFT),
+        kw |= dict(speculative_algorithm="EAGLE",
+                   speculative_draft_model_path=model(os.path.join(root, "draft"), DRAFT, draft),
                    speculative_eagle_topk=int(topk[0]), speculative_num_steps=3,
                    speculative_num_draft_tokens=4 if int(topk[0]) == 1 else 6)
     t0 = time.time()
     engine = sglang.Engine(**kw)
     t1 = time.time()
     try:
-        out = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": NEW_TOKENS})
+        out = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": NEW_TOKENS},
+                              return_logprob=True)
         t2 = time.time()
+        # warm (kernels compiled, graphs captured): a longer decode, timed; its tokens are compared too
+        long = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG})
+        t3 = time.time()
     finally:
         engine.shutdown()
-    return {"tokens": [o["output_ids"] for o in out], "start_s": round(t1 - t0, 1), "generate_s": round(t2 - t1, 2)}
+    # the logprobs say, where tokens differ, whether it was a near-tie (rounding) or a real difference
+    return {"tokens": [o["output_ids"] for o in out], "start_s": round(t1 - t0, 1), "generate_s": round(t2 - t1, 2),
+            "logprobs": [[round(float(lp[0]), 4) for lp in o["meta_info"].get("output_token_logprobs", [])]
+                         for o in out],
+            # EAGLE: verify rounds and drafts accepted per prompt (the draft's metadata decides these)
+            "accepted": [o["meta_info"].get("spec_num_correct_drafts") for o in out],
+            "verify_rounds": [o["meta_info"].get("spec_verify_ct") for o in out],
+            "long_tokens": [o["output_ids"] for o in long], "long_s": round(t3 - t2, 3),
+            "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1)}
 
 
 def main(argv: list[str]) -> None:

@@ -2,6 +2,9 @@
 same prompts through SGLang's own ``triton`` / ``flashinfer`` backend and through attnmeta's
 ``attnmeta_triton`` / ``attnmeta_flashinfer``: the greedy tokens must be equal. Page sizes 1 and 16,
 plain decoding and EAGLE with topk 1 and 4 (verify, draft decode and draft extend graphs captured).
+The cases are independent processes: ``pytest -n 4`` runs them side by side on one GPU (each engine's KV
+pool is capped, so they fit). ``ATTNMETA_ENGINE_OUT`` names a folder that keeps each case's results
+(tokens, logprobs, start and generate seconds).
 
 Needs SGLang's Python code and the stand-in kernel package (``tests/gpu/standin``) on ``PYTHONPATH``:
 docs/SGLANG.md gives the command. ``ATTNMETA_ENGINE_CASES`` (comma-separated ids) runs a subset."""
@@ -31,8 +34,28 @@ def test_attnmeta_serves_the_tokens_sglang_serves(case, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(HERE, "sglang_engine.py"), str(out), case,
                            f"attnmeta_{case}"], env=env, capture_output=True, text=True, timeout=600)
     results = json.loads(out.read_text()) if out.exists() else {}
+    if os.environ.get("ATTNMETA_ENGINE_OUT") and results:
+        keep = os.path.join(os.environ["ATTNMETA_ENGINE_OUT"], case.replace(":", "_") + ".json")
+        with open(keep, "w") as f:
+            json.dump(results, f)
     assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     own, ours = results[case], results[f"attnmeta_{case}"]
     assert "error" not in own, own
     assert "error" not in ours, ours["traceback"]
-    assert ours["tokens"] == own["tokens"]
+    assert ours["tokens"] == own["tokens"], first_difference(own, ours)
+    assert ours["long_tokens"] == own["long_tokens"]
+    if case.count(":") == 2:  # EAGLE: the draft proposes the target's tokens (sglang_engine.checkpoints)
+        rounds = sum(own["verify_rounds"])
+        assert sum(own["accepted"]) >= 1.5 * rounds, ("the rig's draft should be accepted about 3 tokens a "
+                                                      "round", own["accepted"], own["verify_rounds"])
+        # a draft step that read the wrong keys proposes other tokens: fewer accepted, more rounds
+        assert (ours["accepted"], ours["verify_rounds"]) == (own["accepted"], own["verify_rounds"])
+
+
+def first_difference(own: dict, ours: dict) -> str:
+    for i, (a, b) in enumerate(zip(own["tokens"], ours["tokens"], strict=False)):
+        k = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if k is not None:
+            lp = [r.get("logprobs", [[]] * (i + 1))[i][k:k + 1] for r in (own, ours)]
+            return f"prompt {i}, token {k}: SGLang's {a[k]} (logprob {lp[0]}), attnmeta's {b[k]} (logprob {lp[1]})"
+    return "token counts differ"

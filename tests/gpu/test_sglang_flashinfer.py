@@ -90,14 +90,27 @@ def test_every_mode_equals_sglangs_own_flashinfer(server):
         torch.testing.assert_close(outs[0], outs[1], rtol=1e-2, atol=1e-2)
         if not s.speculative:
             continue
-        for mode in ("verify", "draft_extend"):  # eagerly: FlashInfer's paged prefill over each side's plan
+        for mode in ("verify", "draft_extend"):  # eagerly: FlashInfer's prefill over each side's plan
             be_own = own if mode == "verify" else s.own("flashinfer", s.draft_runner)
             be_mine = s.backend if mode == "verify" else s.draft_extend
             qx = torch.randn(n * D, H * hd, device="cuda", dtype=torch.bfloat16)
-            res = []
+            res, streams = [], []
             for be in (be_mine, be_own):
                 fb = verify(s, rows, seq, random.Random(step)) if mode == "verify" else draft_extend(s, rows, seq)
+                # SGLang's own eager draft extend may split the keys: the prefix paged, the D new tokens
+                # ragged from k and v, as its model hands them; here they are the pool's own entries
+                # (attnmeta's single paged pass reads them from the pool, save_kv_cache=False either way)
+                loc = fb.out_cache_loc.long()
+                k = s.runner.token_to_kv_pool.k_buffer[0][loc] if mode == "draft_extend" else None
+                v = s.runner.token_to_kv_pool.v_buffer[0][loc] if mode == "draft_extend" else None
                 with s.active():
                     be.init_forward_metadata(fb)
-                    res.append(be.forward_extend(qx, None, None, layer, fb, save_kv_cache=False).float())
-            torch.testing.assert_close(res[0], res[1], rtol=1e-2, atol=1e-2)
+                    res.append(be.forward_extend(qx, k, v, layer, fb, save_kv_cache=False).float())
+                    m = be.forward_metadata
+                    ragged = getattr(m, "use_ragged", False)
+                    streams.append(None if ragged else wrapper_stream(m.prefill_wrappers[0], n))
+            if mode == "verify":
+                for f in streams[1]:
+                    assert torch.equal(streams[0][f], streams[1][f]), (mode, step, f)
+            torch.testing.assert_close(res[0], res[1], rtol=1e-2, atol=1e-2, msg=lambda m, mode=mode, step=step:
+                                       f"{mode} step {step}: {m}")

@@ -260,7 +260,7 @@ def draft_extend(server: Server, rows: list[int], prefix: list[int]):
 
 
 __all__ = ["LLAMA", "ROWS", "Server", "SimpleNamespace", "decode", "draft_decode", "draft_extend", "fill_pool",
-           "prefill", "tree_mask", "verify"]
+           "prefill", "rows_read", "tree_mask", "verify"]
 
 
 # --- SGLang's three graph runners, as they drive a backend (capture, then pad, view and replay) ---
@@ -303,6 +303,26 @@ class Runners:
         with self.server.active():
             self.backend.init_forward_metadata_out_graph(view)
             self.graphs[(mode_key, view.batch_size)].replay()
+
+
+def rows_read(ours, theirs, f: str, live: int):
+    """Field ``f`` of two metadata objects on the rows kernels read, sized by ``theirs``: an indptr's first
+    live + 1 entries, the indices it covers, a per-row field's live rows, a mask up to its indptr's end,
+    scalars (and None) as they are."""
+    a, b = getattr(ours, f), getattr(theirs, f)
+    if a is None or b is None or isinstance(b, int):
+        return a, b
+    if f.endswith("indices"):
+        n = int(getattr(theirs, f.replace("indices", "indptr"))[live])
+        return a[:n], b[:n]
+    if f == "custom_mask":
+        n = int(theirs.mask_indptr[live])
+        return a[:n].to(torch.bool), b[:n].to(torch.bool)
+    if f.endswith("indptr"):
+        return a[: live + 1], b[: live + 1]
+    if f == "uneven_batch":
+        return a.reshape(-1)[:1], b.reshape(-1)[:1]
+    return a[:live], b[:live]
 
 
 def padded(fb, bs: int, fill: int):

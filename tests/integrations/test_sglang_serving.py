@@ -31,6 +31,7 @@ from tests.integrations.sglang_server import (
     draft_extend,
     draft_extend_view,
     prefill,
+    rows_read,
     verify,
 )
 
@@ -41,6 +42,8 @@ FLAGS = {
     "tp2": ["--attention-backend", "attnmeta_triton", "--tp-size", "2"],
     "hybrid": ["--prefill-attention-backend", "triton", "--decode-attention-backend", "attnmeta_triton"],
     "eagle": ["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE"],
+    "eagle-page16": ["--attention-backend", "attnmeta_triton", "--page-size", "16", "--speculative-algorithm",
+                     "EAGLE"],
     "eagle-topk1": ["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE",
                     "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
                     "--speculative-num-draft-tokens", "4"],
@@ -54,25 +57,12 @@ def lens(rng: random.Random, n: int, hi: int) -> list[int]:
 
 
 def same(ours, theirs, fields, live: int, what: str) -> None:
-    """Field by field, on the rows kernels read: an indptr's first live + 1 entries, the indices it
-    covers, a per-row field's live rows, a mask up to its indptr's end, scalars as they are."""
+    """Field by field, on the rows kernels read (``sglang_server.rows_read``)."""
     for f in fields:
-        a, b = getattr(ours, f), getattr(theirs, f)
-        if a is None or b is None or isinstance(b, int):
+        a, b = rows_read(ours, theirs, f, live)
+        if not isinstance(b, torch.Tensor):
             assert a == b, (what, f, a, b)
             continue
-        if f.endswith("indices"):
-            n = int(getattr(theirs, f.replace("indices", "indptr"))[live])
-            a, b = a[:n], b[:n]
-        elif f == "custom_mask":
-            n = int(theirs.mask_indptr[live])
-            a, b = a[:n].to(torch.bool), b[:n].to(torch.bool)
-        elif f.endswith("indptr"):
-            a, b = a[: live + 1], b[: live + 1]
-        elif f == "uneven_batch":
-            a, b = a.reshape(-1)[:1], b.reshape(-1)[:1]
-        else:
-            a, b = a[:live], b[:live]
         bad = (a.long() != b.long()).nonzero().flatten().tolist() if a.shape == b.shape else "shape"
         assert torch.equal(a.long(), b.long()), (what, f, live, a.shape, b.shape, bad[:4] if bad != "shape" else bad,
                                                  [(a[i].item(), b[i].item()) for i in bad[:4]] if bad != "shape" else 0)

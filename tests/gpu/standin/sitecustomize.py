@@ -8,6 +8,12 @@ processes, which import this too). Each matches the decision SGLang itself makes
   SGLang's kernel package): EAGLE's draft-extend setup imports its class for an ``isinstance`` list
   only; building one raises.
 
+And one shim on SGLang's own code, for the FlashInfer this machine has: SGLang 0.5.23 is written for
+FlashInfer 0.7, whose prefill ``plan`` takes one argument more (``uniform_q_len``, passed as 0, which is
+0.6's behaviour) than 0.6.4's. SGLang's sync-free ``fast_prefill_plan`` (its EAGLE verify and
+draft-extend graphs) passes all 20 and 0.6.4 refuses the call; under FlashInfer < 0.7 the shim hands
+0.6.4 the first 19. It changes nothing else, and nothing at all under FlashInfer 0.7.
+
 ``sgl_kernel`` itself is the package beside this file.
 """
 
@@ -38,12 +44,63 @@ def _flashmla(m):
     m.FlashMLABackend = FlashMLABackend
 
 
+class _PlanOf19:
+    """FlashInfer 0.6's cached prefill module as SGLang's 0.7-shaped ``fast_prefill_plan`` calls it."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def plan(self, *args):
+        return self._module.plan(*args[:19])
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _flashinfer_06(m):
+    import flashinfer
+
+    if tuple(int(x) for x in flashinfer.__version__.split(".")[:2]) >= (0, 7):
+        return
+    sglangs = m.fast_prefill_plan
+
+    def fast_prefill_plan(self, *a, **k):
+        module, self._cached_module = self._cached_module, _PlanOf19(self._cached_module)
+        try:
+            return sglangs(self, *a, **k)
+        finally:
+            self._cached_module = module
+
+    m.fast_prefill_plan = fast_prefill_plan  # its identity checks read the module global, so they agree
+
+
+AFTER_IMPORT = {"sglang.srt.layers.attention.flashinfer_backend": _flashinfer_06}
+
 STANDINS = {"sglang.kernels.ops.gemm.cutedsl_dual_gemm": _dual_gemm,
             "sglang.srt.layers.attention.flashmla_backend": _flashmla}
 
 
+class _Patched(importlib.abc.Loader):
+    """The real module's loader, then the shim on what it loaded."""
+
+    def __init__(self, loader, patch):
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._patch(module)
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
+        if fullname in AFTER_IMPORT:
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is not None:
+                spec.loader = _Patched(spec.loader, AFTER_IMPORT[fullname])
+            return spec
         return importlib.machinery.ModuleSpec(fullname, self) if fullname in STANDINS else None
 
     def create_module(self, spec):

@@ -1,0 +1,258 @@
+"""attnmeta's SGLang-facing step against SGLang's own backends, side by side in one process.
+
+    python tools/bench_sglang.py [--kinds triton,flashinfer] [--pages 1,16] [--sizes 1,8,64,256]
+                                 [--iters 200] [--eagle-sizes 1,8,32] [--json out.json]
+
+Both backends are built by SGLang from the same flags on the same ``ModelRunner`` (pools, config;
+``tests/integrations/sglang_server.Server``): SGLang's own ``triton`` / ``flashinfer`` backend and
+attnmeta's ``attnmeta_triton`` / ``attnmeta_flashinfer``. Each captures its graphs per size the way
+SGLang's graph runners do (out_graph with ``in_capture``, in_graph recorded), then serves the same
+batches: decode at every size (lengths uniform in 1..2048, random pool rows), and with EAGLE's flags
+target verify (SGLang's tree masks) and draft extend V2.
+
+A timed step is what SGLang's graph runner spends on the host for the backend: decode and verify,
+SGLang's own ``build_replay_fb_view`` on the runner's padded buffers + ``init_forward_metadata_out_graph
+(view)`` + ``graph.replay()``; draft extend, out_graph on the draft-extend runner's view + replay (the
+view is built before the clock starts, the same for both). The device is idle when a step starts
+(synchronized before, outside the clock). ``core`` is attnmeta's compiled backend alone on the same
+batches (its out_graph on a filled view + the same replay): the SGLang-facing layer costs
+``attnmeta - core``. Two blocks per size, SGLang first then attnmeta first; medians per side.
+
+After every timed step, outside the clock, the rows each side's kernels read are copied; at the end
+every step's copies are compared field by field (triton: SGLang's ``ForwardMetadata`` fields;
+flashinfer: the index stream in the planned wrappers). ``equal`` counts the steps that matched.
+Needs CUDA, SGLang's Python code and FlashInfer (docs/SGLANG.md, "On the H200").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/tools/", 1)[0])
+
+from tests.integrations.sglang_server import (  # noqa: E402 - the repository root first
+    Runners,
+    Server,
+    decode,
+    draft_extend,
+    draft_extend_view,
+    padded,
+    rows_read,
+    verify,
+)
+
+SYNC = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+FIELDS = {"decode": ("kv_indptr", "kv_indices", "num_kv_splits"),
+          "verify": ("kv_indptr", "kv_indices", "qo_indptr", "mask_indptr", "custom_mask"),
+          "extend": ("kv_indptr", "kv_indices", "qo_indptr")}
+STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_len_buf", "_qo_indptr_buf")
+
+
+def flags(kind: str, page: int, sizes, eagle: bool) -> list[str]:
+    f = ["--attention-backend", f"attnmeta_{kind}", "--page-size", str(page), "--cuda-graph-bs-decode",
+         *map(str, sizes), "--max-running-requests", str(max(sizes) + 8)]
+    return f + ["--speculative-algorithm", "EAGLE"] if eagle else f
+
+
+def stream(w, live: int) -> dict:
+    """What a planned FlashInfer wrapper's kernels read, on the live rows."""
+    out = {}
+    indptr = w._paged_kv_indptr_buf[: live + 1].clone()
+    out["kv_indptr"], out["kv_last_page_len"] = indptr, w._paged_kv_last_page_len_buf[:live].clone()
+    out["kv_indices"] = w._paged_kv_indices_buf[: int(indptr[-1])].clone()
+    if getattr(w, "_qo_indptr_buf", None) is not None and not hasattr(w, "_use_tensor_cores"):
+        out["qo_indptr"] = w._qo_indptr_buf[: live + 1].clone()
+    if getattr(w, "_custom_mask_buf", None) is not None and getattr(w, "_mask_indptr_buf", None) is not None:
+        n = int(w._mask_indptr_buf[live])
+        out["custom_mask"] = w._custom_mask_buf[:n].clone()
+    return out
+
+
+class Side:
+    """One backend under its runner: its step on a prepared batch, and a copy of what its kernels read."""
+
+    def __init__(self, name, backend, runner: Runners, mode: str, kind: str):
+        self.name, self.backend, self.runner, self.mode, self.kind = name, backend, runner, mode, kind
+        self.times: dict[int, list[float]] = {}
+        self.seen: dict[tuple, dict] = {}
+
+    def step(self, prep) -> float:
+        g = self.runner.graphs[(self.mode, prep.bs)]
+        t0 = time.perf_counter()
+        view = prep.view() if prep.view else prep.fixed_view
+        self.backend.init_forward_metadata_out_graph(view)
+        g.replay()
+        return time.perf_counter() - t0
+
+    def read(self, prep) -> dict:
+        be, live = self.backend, prep.live
+        mine = self.name == "attnmeta"
+        if self.kind == "flashinfer":
+            if mine:
+                md = be.forward_metadata
+                ws = md.decode_wrappers if self.mode == "decode" else md.prefill_wrappers
+            else:
+                table = {"decode": be.decode_cuda_graph_metadata, "verify": be.prefill_cuda_graph_metadata,
+                         "extend": be.draft_extend_cuda_graph_metadata}[self.mode]
+                ws = table[prep.bs]
+            return stream(ws[0], live)
+        if mine:
+            md = be.forward_metadata
+        else:
+            md = be._build_cuda_graph_forward_metadata(prep.bs, prep.sglang_mode, prep.fb.spec_info)
+        return {f: (v.clone() if isinstance(v, torch.Tensor) else v)
+                for f in FIELDS[self.mode] for v in [rows_read(md, md, f, live)[0]]}
+
+
+def core_step(backend, runner, mode, prep) -> float:
+    """attnmeta's compiled backend alone: its out_graph on the filled view, the same replay."""
+    g, v = runner.graphs[(mode, prep.bs)], prep.filled
+    t0 = time.perf_counter()
+    backend.attnmeta.init_forward_metadata_out_graph(v)
+    g.replay()
+    return time.perf_counter() - t0
+
+
+def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: random.Random) -> list:
+    """``n`` batches of ``bs`` live rows, with the runner's padded buffers and the view built per step."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+
+    from attnmeta.integrations.sglang.batch import BatchView
+
+    out = []
+    for i in range(n):
+        rows = rng.sample(range(1, s.rows), bs)
+        seq = [rng.randint(1, 2048) for _ in range(bs)]
+        p = SimpleNamespace(bs=bs, live=bs, view=None, fixed_view=None)
+        if mode == "extend":
+            p.fb = draft_extend(s, rows, seq)
+            p.fixed_view, p.sglang_mode = draft_extend_view(p.fb, bs, fill, width), p.fb.forward_mode
+        else:
+            p.fb = decode(s, rows, seq) if mode == "decode" else verify(s, rows, seq, random.Random(i))
+            p.sglang_mode = ForwardMode.DECODE if mode == "decode" else ForwardMode.TARGET_VERIFY
+            sq, rw, raw = padded(p.fb, bs, fill)
+            dev = sq.device
+            bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64, device=dev),
+                                   positions=torch.zeros(bs * width, device=dev), req_pool_indices=rw, seq_lens=sq,
+                                   seq_lens_cpu=sq.cpu(), encoder_lens=None, mamba_track_indices=None)
+            p.view = (lambda fb=p.fb, b=bufs, m=p.sglang_mode:
+                      build_replay_fb_view(fb, b, bs, bs, bs * width, None, fill, m, False))
+        p.filled = BatchView(width if mode == "extend" else 0).fill(p.view() if p.view else p.fixed_view)
+        out.append(p)
+    return out
+
+
+def equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        (torch.equal(a[k].long(), b[k].long()) if isinstance(a[k], torch.Tensor) else a[k] == b[k]) for k in a)
+
+
+def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]:
+    eagle = mode != "decode"
+    D = s.spec.speculative_num_draft_tokens if eagle else 1
+    if mode == "extend":
+        ours_be, own_be = s.draft_extend, s.own_drafters(kind)[1]
+    else:
+        ours_be, own_be = s.backend, s.own(kind)
+    make = {"decode": lambda bs, r: decode(s, [0] * bs, [r.fill] * bs),
+            "verify": lambda bs, r: verify(s, [0] * bs, [r.fill] * bs, random.Random(bs)),
+            "extend": lambda bs, r: draft_extend(s, [0] * bs, [1] * bs)}[mode]
+    sides = []
+    for name, be in (("sglang", own_be), ("attnmeta", ours_be)):
+        r = Runners(s, be, kind, D)
+        r.sizes = [x for x in r.sizes if x in sizes]
+        with s.active():
+            r.capture(lambda bs, r=r: make(bs, r), mode)
+        sides.append(Side(name, be, r, mode, kind))
+    rows = []
+    for bs in [x for x in sizes if x in sides[0].runner.sizes]:
+        preps = prepare(s, mode, bs, iters, sides[0].runner.fill, D, rng)
+        t = {"sglang": [], "attnmeta": [], "core": []}
+        reads = {"sglang": [], "attnmeta": []}
+        with s.active():
+            for order in (sides, sides[::-1]):
+                for side in order:
+                    for p in preps:
+                        SYNC()
+                        t[side.name].append(side.step(p))
+                        SYNC()
+                        if order is sides:  # the copies of one block are enough to compare every step
+                            reads[side.name].append(side.read(p))
+            for _ in range(2):
+                for p in preps:
+                    SYNC()
+                    t["core"].append(core_step(ours_be, sides[1].runner, mode, p))
+        med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
+        half = {k: (statistics.median(v[:iters]) * 1e6, statistics.median(v[iters:]) * 1e6)
+                for k, v in t.items() if k != "core"}
+        ok = sum(equal(a, b) for a, b in zip(reads["sglang"], reads["attnmeta"], strict=True))
+        rows.append(dict(kind=kind, page=s.runner.page_size, mode=mode, bs=bs, sglang_us=med["sglang"],
+                         attnmeta_us=med["attnmeta"], core_us=med["core"], by_order=half,
+                         ratio=med["sglang"] / med["attnmeta"], layer_us=med["attnmeta"] - med["core"],
+                         equal=ok, steps=len(preps)))
+        print(table_row(rows[-1]), flush=True)
+    return rows
+
+
+def table_row(r: dict) -> str:
+    return (f"| {r['kind']} | {r['page']} | {r['mode']} | {r['bs']} | {r['sglang_us']:.0f} | {r['attnmeta_us']:.0f} "
+            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['ratio']:.1f}x | {r['equal']}/{r['steps']} |")
+
+
+HEADER = ("| kind | page | mode | bs | SGLang's own µs | attnmeta µs | core µs | layer µs | SGLang / attnmeta "
+          "| equal steps |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def save(path: str | None, rows: list[dict]) -> None:
+    """As the run goes, so a run cut short keeps what it measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kinds", default="triton,flashinfer")
+    ap.add_argument("--pages", default="1,16")
+    ap.add_argument("--sizes", default="1,8,64,256")
+    ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")
+    ap.add_argument("--eagle-pages", default="1")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the harness (emulated graphs, triton "
+                    "only); its times are not a GPU's")
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("bench_sglang: needs CUDA (it times SGLang's and attnmeta's backends on the GPU); --device cpu "
+              "smoke-tests the harness", file=sys.stderr)
+        return 2
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    rng, rows = random.Random(0), []
+    where = torch.cuda.get_device_name() if a.device == "cuda" else "CPU smoke run, emulated graphs: not GPU times"
+    print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)
+    for kind in a.kinds.split(","):
+        for page in ints(a.pages):
+            s = Server(flags(kind, page, ints(a.sizes), False), device=a.device, rows=max(ints(a.sizes)) + 40,
+                       context=4096)
+            rows += bench(s, kind, "decode", ints(a.sizes), a.iters, rng)
+            if a.eagle_sizes and page in ints(a.eagle_pages):
+                e = Server(flags(kind, page, ints(a.eagle_sizes), True), device=a.device,
+                           rows=max(ints(a.eagle_sizes)) + 40, context=4096)
+                for mode in ("verify", "extend"):
+                    rows += bench(e, kind, mode, ints(a.eagle_sizes), a.iters, rng)
+                    save(a.json, rows)
+            save(a.json, rows)
+    return 0 if all(r["equal"] == r["steps"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
