@@ -126,6 +126,7 @@ class CompiledAttentionBackend(AttentionBackend):
         b = self._current
         if b is None or b.bs != getattr(fb, "batch_size", None):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
+        b.stager.apply_guards()  # the device-only fields' checks, recorded with the kernels
         b.in_fn(*b.in_args)
         for fn in b.after_in:
             fn()

@@ -60,7 +60,7 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
 def source(stager) -> str:
     """The generated staging function of ``stager``'s plan (general-path fallbacks included)."""
     cuda = bool(stager.copies) and stager.device.type == "cuda"
-    body = ["if not raw or GUARD.armed:  # IDLE; or the last step's device checks to read",
+    body = ["if not raw or HFLAG[0]:  # IDLE; or a device check's report to raise",
             "    return general(fb, bs, raw, capture)"]
     if cuda:  # the first step records the hazard event (general path); later ones wait on it
         body += ["ev = EVENT[0]", "if ev is None:", "    return general(fb, bs, raw, capture)",
@@ -82,7 +82,7 @@ def source(stager) -> str:
 def generate(stager):
     """The generated staging function of ``stager``'s plan, its constants bound."""
     ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero,
-          "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_, "GUARD": stager.guard,
+          "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_, "HFLAG": stager.guard.host_np,
           "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}
     for i, s in enumerate(stager.slots):
         ns |= {f"DT{i}": s.dtype, f"P{i}": s.ptr, f"U{i}": s.umv, f"M{i}": s.mv, f"UN{i}": s.unp, f"SN{i}": s.np,

@@ -10,15 +10,19 @@ wrap). Host-side writes go through NumPy views of the staging buffer: for the fe
 a step moves, a torch op's dispatch costs more than the copy.
 
 Fields the batch only has on the device (a DSV4 ``out_cache_loc``; ``req_pool_indices`` when the
-engine keeps no ``req_pool_indices_cpu``; ``seq_lens`` when SGLang's EAGLE drafter runs without host
-mirrors) take a device->device copy after the packed copy (same stream, so ordered). The host cannot
-check them without a sync, so they are guarded on the device (``DeviceGuard``): a value outside its
-range is replaced by a safe one (a row or a slot by 0, the reserved one; a length by its nearest
-bound) so no kernel reads outside its tables, and the first such value is recorded with its field
-and row in a flag copied back to pinned memory behind the step. The next step reads the flag, which
-the copy has long filled (the hazard wait below covers it), and raises a ``BatchError`` naming the
-step, field, row and value: one step late, never silent. ``ATTNMETA_SYNC_CHECKS=1`` waits for the
-flag within the step instead (a debugging mode: it syncs every step that has device-only fields).
+engine keeps no ``req_pool_indices_cpu``, as SGLang never does; ``seq_lens`` when SGLang's EAGLE
+drafter runs without host mirrors) cannot be checked by the host without a sync, so they are guarded
+on the device (``DeviceGuard``): out_graph copies the live values, in their own dtype, into a device
+buffer of the plan (one device->device copy after the packed copy, same stream, so ordered), and
+in_graph, recorded with the metadata kernels, checks and narrows them into the graph's buffer: a value
+outside its range is replaced by a safe one (a row or a slot by 0, the reserved one; a length by its
+nearest bound) so no kernel reads outside its tables, and the first such value (field, row, value)
+stays in a device flag, which the next step's out_graph copies to pinned memory behind the graph. The
+step after reads that word without a sync and raises a ``BatchError`` naming the field, row and value:
+late, never silent, and a replayed step pays two copies for it instead of the dozen ops (each a host
+launch, 10-20 us on the H200's host) that checking outside the graph costs.
+``ATTNMETA_SYNC_CHECKS=1`` checks in out_graph instead and waits for the flag within the step (a
+debugging mode: it syncs every step that has device-only fields).
 
 Hazard: the pinned staging buffer is read by an asynchronous copy. Writing it again before that
 copy has run corrupts the previous step's inputs (seen in engines that plan back to back), so
@@ -70,6 +74,7 @@ class _Staged:
             raise ValueError(f"{slot.source}: staged checks cover ranges [0 or 1, hi]; got [{self.lo}, {self.hi}]")
         self.dirty = dirty  # [n]: entries at n and beyond hold the fill (shared by the mode's sizes)
         self.live, self.u_live, self.s_live = -1, None, None
+        self.raw, self.raw_top = None, 0  # a device-only field's guarded copy (DeviceGuard.feed)
 
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
@@ -128,60 +133,79 @@ class _Staged:
         self.dirty[0] = live if self.dirty[0] <= total else max(self.dirty[0], live)
 
 
+SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, staged as the fill
+
+
 class DeviceGuard:
-    """Range checks of device-only fields without a host sync: values outside a field's range are
-    replaced on the device (rows and slots by 0, lengths by the nearest bound) and the first one is
-    recorded (its field, row and value) in a flag copied to pinned memory behind the step; ``raise_pending``
-    raises it as a ``BatchError`` at the next step, or in this one with ``ATTNMETA_SYNC_CHECKS=1``."""
+    """Range checks of device-only fields without a host sync. ``feed`` (out_graph) copies a field's
+    live values into the slot's device buffer; ``apply`` (in_graph, recorded when captured) replaces
+    values outside the field's range (rows and slots by 0, lengths by the nearest bound), writes the
+    graph's buffer and keeps the first bad value (field, row, value) in a flag that stays set until it
+    is reported; ``fetch`` (the next out_graph) copies the flag to pinned memory, and ``raise_pending``
+    reports it as a ``BatchError`` at a later step (or in this one with ``ATTNMETA_SYNC_CHECKS=1``)."""
 
     def __init__(self, device: torch.device):
         pin = device.type == "cuda"
+        self.device = device
         self.flag = torch.zeros(4, dtype=torch.int64, device=device)  # set, field index, row, value
         self.host = torch.zeros(4, dtype=torch.int64, pin_memory=pin)
+        self.host_np = self.host.numpy()  # read without a torch op: the generated staging checks it
         self.names: list[str] = []
-        self.armed = False  # a flag copy is queued: the next step reads it
-        self.pending = False  # this step checked something on the device
+        self.used = False  # a field was fed: every step fetches the flag
         self.sync = os.environ.get("ATTNMETA_SYNC_CHECKS") == "1"
 
-    def stage(self, s: _Staged, src: torch.Tensor, dst: torch.Tensor, name: str, capture: bool) -> None:
-        """``src`` (device values, any integer dtype) into ``dst`` (the slot's staging view), checked in
-        ``src``'s own dtype before narrowing: a bad value is replaced and the first one flagged."""
-        if s.full_range or capture or not dst.numel():  # a capture batch's rows are the engine's dummy ones
-            dst.copy_(src, non_blocking=True)
-            return
+    def feed(self, s: _Staged, src: torch.Tensor, live: int, total: int, name: str, capture: bool) -> tuple:
+        """``src``'s ``live`` values (any integer dtype) into ``s``'s guarded buffer, rows past them the
+        sentinel; a capture batch's rows (the engine's dummy ones) are not checked: all sentinel."""
+        raw = s.raw
+        if raw is None:
+            raw = s.raw = torch.full((s.dev.numel(),), SENTINEL, dtype=torch.int64, device=self.device)
+        if capture:
+            live = 0
+        if live:
+            raw[:live].copy_(src, non_blocking=True)
+        if s.raw_top > live:  # rows a larger step left
+            raw[live:s.raw_top].fill_(SENTINEL)
+        s.raw_top = live
         if name not in self.names:
             self.names.append(name)
-        lo = s.lo if s.slot.kind is not Kind.row else 1
-        bad = (src < lo) | (src > s.hi)
-        first = torch.argmax(bad.to(torch.int32))
-        record = torch.stack([bad.any().to(torch.int64), torch.full_like(first, self.names.index(name)), first,
-                              src[first].to(torch.int64)])
-        self.flag.copy_(torch.where(self.flag[0].bool(), self.flag, record))  # the first bad value of the step
-        safe = src.clamp(lo, s.hi) if s.slot.kind is Kind.length else torch.zeros_like(src)
-        dst.copy_(torch.where(bad, safe, src))
-        self.pending = True
+        self.used = True
+        return s, total, self.names.index(name)
 
-    def flush(self) -> None:
-        """Queue the flag's copy home (after the step's guards), then clear it for the next step."""
-        if not self.pending:
-            return
-        self.pending = False
+    def apply(self, entries: list[tuple]) -> None:
+        """Check and narrow the fed values into the graph's buffers (device work, recorded in a graph
+        when captured); the flag reaches the host by ``fetch``."""
+        for s, total, field in entries:
+            if not total:
+                continue
+            r = s.raw[:total]
+            row_like = s.slot.kind is not Kind.length
+            lo = 1 if s.slot.kind is Kind.row else s.lo
+            pad = r == SENTINEL
+            bad = ((r < lo) | (r > s.hi)) & ~pad
+            first = torch.argmax(bad.to(torch.int32), dim=0, keepdim=True)  # indexing by a tensor: no host read
+            record = torch.cat([bad.any().view(1).to(torch.int64), torch.full_like(first, field), first,
+                                r.index_select(0, first)])
+            self.flag.copy_(torch.where(self.flag[0].bool(), self.flag, record))  # the first bad value stays
+            safe = torch.zeros_like(r) if row_like else r.clamp(lo, s.hi)
+            s.dev[:total].copy_(torch.where(pad, torch.full_like(r, s.fill), torch.where(bad, safe, r)))
+
+    def fetch(self) -> None:
+        """Queue the flag's copy home, behind the work already on the stream (the last step's graph).
+        Out of the graph on purpose: a copy into pinned memory recorded in a CUDA graph leaves torch's
+        pinned-memory allocator an event it cannot query later, and its next pinned allocation fails."""
         self.host.copy_(self.flag, non_blocking=True)
-        self.flag.zero_()
-        self.armed = True
-        if self.sync:
-            torch.cuda.synchronize(self.flag.device) if self.flag.is_cuda else None
-            self.raise_pending("this step")
 
-    def raise_pending(self, when: str = "the previous step") -> None:
-        """Raise what the last flushed step flagged (its copy has completed: the caller waited on it)."""
-        if not self.armed:
+    def raise_pending(self, when: str = "an earlier step") -> None:
+        """Raise what a step flagged, if its flag has reached the host. An error path: it waits for the
+        device so that no step still in flight copies the reported flag home again."""
+        if not self.host_np[0]:
             return
-        self.armed = False
-        if not self.host[0]:
-            return
-        _, field, row, value = (int(v) for v in self.host.tolist())
-        self.host.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        _, field, row, value = (int(v) for v in self.host_np)
+        self.flag.zero_()
+        self.host_np[:] = 0
         raise BatchError(f"{when} staged {self.names[field]}[{row}] = {value} from the device, outside its range: "
                          "the value was replaced on the device (no kernel read outside its tables) and that step's "
                          f"metadata is wrong for this row; pass the host mirror of {self.names[field]} to have bad "
@@ -197,13 +221,15 @@ class Stager:
                  device: torch.device, guard: DeviceGuard | None = None):
         self.slots, self.copies, self.event, self.device = slots, copies, event, device
         self.guard = guard or DeviceGuard(device)
+        self.guarded: list[tuple] = []  # this step's device-only checked fields, for in_graph
+        self.recorded: list[tuple] | None = None  # what the captured graph checks (set at capture)
         self.fast = generate(self)
 
     def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
         ev = self.event[0]
         if ev is not None:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
-        self.guard.raise_pending()  # what the device checks of the previous step found (its copy is done too)
+        self.guard.raise_pending()  # what the device checks of an earlier step found
         late = []
         for s in self.slots:
             name, src = self._source(fb, s, raw)
@@ -232,17 +258,53 @@ class Stager:
             elif src.dtype not in _INTS:
                 raise BatchError(f"{name} must hold integers (torch.int32 or torch.int64), got {src.dtype}")
             else:
-                late.append((s, src, live))  # device-only field: D2D after the packed copy, never a D2H sync
+                late.append((s, src.reshape(-1)[:live], live, total, s.device_field or s.source))
             s.pad(live, total)
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
-        for s, src, live in late:
-            self.guard.stage(s, src.reshape(-1)[:live], s.dev[:live], s.device_field or s.source, capture)
-        self.guard.flush()
+        self._guard_device_fields(late, raw, capture)
         if self.copies and self.device.type == "cuda":
             if ev is None:  # Event.record() with no stream looks the stream up: 5x the cost of recording
                 self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
-            self.event[0].record(self.event[1])  # after the guards' flag copy: the next step's wait covers it
+            self.event[0].record(self.event[1])
+
+    def _guard_device_fields(self, late: list, raw: int, capture: bool) -> None:
+        """Device-only fields after the packed copy: unchecked ones copied, checked ones fed to the guard
+        for in_graph (``guarded``). A replayed graph checks the fields its capture fed: one fed now but
+        not then is checked here, outside the graph; one captured but staged from the host this step is
+        fed from what the host staged, which the graph then checks again."""
+        g, self.guarded = self.guard, []
+        for s, src, live, total, name in late:
+            if s.full_range:
+                s.dev[:live].copy_(src, non_blocking=True)
+            else:
+                self.guarded.append(g.feed(s, src, live, total, name, capture))
+        if g.sync and self.guarded:  # the debugging mode: checked now, reported within the step
+            g.apply(self.guarded)
+            g.fetch()
+            self.guarded = []
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            g.raise_pending("this step")
+            return
+        if capture:
+            self.recorded = list(self.guarded)
+        elif self.recorded is not None:
+            fed = {id(e[0]) for e in self.guarded}
+            g.apply([e for e in self.guarded if id(e[0]) not in {id(r[0]) for r in self.recorded}])
+            for s, total, field in self.recorded:
+                if id(s) not in fed:
+                    live = raw * s.per_row
+                    g.feed(s, s.dev[:live], live, total, g.names[field], False)
+        if g.used:
+            g.fetch()  # what the steps before this one flagged; the event recorded next covers the copy
+
+    def apply_guards(self) -> None:
+        """in_graph's part of the device checks (recorded with the metadata kernels when captured)."""
+        if self.guarded:
+            self.guard.apply(self.guarded)
+            if self.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+                self.guard.fetch()  # an eager step: its flag goes home now (a captured one's at the next step)
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):

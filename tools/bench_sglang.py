@@ -200,7 +200,27 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
                          ratio=med["sglang"] / med["attnmeta"], layer_us=med["attnmeta"] - med["core"],
                          equal=ok, steps=len(preps)))
         print(table_row(rows[-1]), flush=True)
+        if PROFILE and bs == PROFILE:
+            profile(sides[1], preps, f"{kind} page {s.runner.page_size} {mode} bs {bs}")
     return rows
+
+
+PROFILE = 0  # --profile BS: where attnmeta's step spends its host time, at that batch size
+
+
+def profile(side: Side, preps: list, what: str) -> None:
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    with side.runner.server.active():
+        pr.enable()
+        for p in preps:
+            side.step(p)
+        pr.disable()
+    SYNC()
+    print(f"--- profile of attnmeta's step, {what}, {len(preps)} steps (cProfile adds its own cost) ---")
+    pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(14)
 
 
 def table_row(r: dict) -> str:
@@ -228,6 +248,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eagle-pages", default="1")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", type=int, default=0, metavar="BS", help="profile attnmeta's step at this size")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the harness (emulated graphs, triton "
                     "only); its times are not a GPU's")
     a = ap.parse_args(argv)
@@ -236,6 +257,8 @@ def main(argv=None) -> int:
               "smoke-tests the harness", file=sys.stderr)
         return 2
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    global PROFILE
+    PROFILE = a.profile
     rng, rows = random.Random(0), []
     where = torch.cuda.get_device_name() if a.device == "cuda" else "CPU smoke run, emulated graphs: not GPU times"
     print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)

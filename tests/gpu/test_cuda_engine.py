@@ -45,22 +45,26 @@ def test_an_index_outside_the_pool_is_a_batch_error_and_the_context_survives(bad
     _good(be, L, rows)
 
 
-def test_device_lengths_without_their_host_mirror_are_refused():
-    """Reading the device copy would sync every step; the mirror is required (the error says so)."""
+def test_device_lengths_without_their_host_mirror_are_guarded_and_reported():
+    """Lengths the engine has on the device only (SGLang's EAGLE drafter without host mirrors) are checked
+    on the device: a length past the context is clamped before any kernel reads it, and a later step
+    raises a BatchError naming the field, row and value."""
     L, rows = 64, 8
     cb = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L))
     be = cb.instantiate(make_pool(rows, L, device="cuda"), device="cuda")
     fb = make_batch(3, L, rows, seed=1, device="cuda")
     fb.seq_lens = torch.tensor([2, 16000, 3], dtype=torch.int32, device="cuda")
     fb.seq_lens_cpu = None
-    with pytest.raises(BatchError, match="the batch has seq_lens on cuda:0 but no seq_lens_cpu"):
-        be.init_forward_metadata(fb)
+    be.init_forward_metadata(fb)
+    torch.cuda.synchronize()
+    with pytest.raises(BatchError, match=r"seq_lens\[1\] = 16000 from the device, outside its range"):
+        be.init_forward_metadata(make_batch(3, L, rows, seed=2, device="cuda"))
     _good(be, L, rows)
 
 
 def test_garbage_in_device_only_fields_is_guarded_on_the_device():
     """DSV4's out_cache_loc exists only on the device: an out-of-range slot reads the reserved entry
-    through the guarded lookup instead of faulting."""
+    instead of faulting, and the next step raises a BatchError naming the first one."""
     from attnmeta.backends.eager.dsv4 import swa_table
 
     L, rows = 600, 8
@@ -72,5 +76,7 @@ def test_garbage_in_device_only_fields_is_guarded_on_the_device():
     be.init_forward_metadata(fb)
     torch.cuda.synchronize()
     assert be.forward_metadata.swa_out_cache_loc[:3].tolist() == [int(f2s[0]), int(f2s[0]), int(f2s[7])]
+    with pytest.raises(BatchError, match=r"out_cache_loc\[0\] = -5 from the device, outside its range"):
+        be.init_forward_metadata(ForwardBatch(ForwardMode.IDLE, 0))  # the first bad value, reported once
     be.init_forward_metadata(ForwardBatch(ForwardMode.IDLE, 0))
     torch.cuda.synchronize()

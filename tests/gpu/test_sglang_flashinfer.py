@@ -100,7 +100,8 @@ def test_every_mode_equals_sglangs_own_flashinfer(server):
                 # SGLang's own eager draft extend may split the keys: the prefix paged, the D new tokens
                 # ragged from k and v, as its model hands them; here they are the pool's own entries
                 # (attnmeta's single paged pass reads them from the pool, save_kv_cache=False either way)
-                loc = fb.out_cache_loc.long()
+                table = s.runner.req_to_token_pool.req_to_token
+                loc = torch.cat([table[r, p:p + D] for r, p in zip(rows, seq, strict=True)]).long()
                 k = s.runner.token_to_kv_pool.k_buffer[0][loc] if mode == "draft_extend" else None
                 v = s.runner.token_to_kv_pool.v_buffer[0][loc] if mode == "draft_extend" else None
                 with s.active():

@@ -248,11 +248,12 @@ def draft_extend(server: Server, rows: list[int], prefix: list[int]):
     """DRAFT_EXTEND_V2 as EAGLE's v2 worker prepares it (``prepare_for_draft_extend``): every request
     extends by the D draft slots after its ``prefix`` (the accepted tokens first), so the extend
     lengths are all D, the prefix lengths the old lengths and ``seq_lens`` counts the D slots."""
-    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
 
     D, n = server.spec.speculative_num_draft_tokens, len(rows)
-    spec = EagleDraftInput(hidden_states=torch.zeros(n * D, LLAMA["hidden_size"]))
-    spec.num_tokens_per_req = D
+    full = torch.full((n,), D, dtype=torch.int32, device=server.device)
+    spec = EagleDraftExtendInput(hidden_states=torch.zeros(n * D, LLAMA["hidden_size"]), num_correct_drafts=full - 1,
+                                 num_accept_tokens=full, num_accept_tokens_cpu=[D] * n, num_tokens_per_req=D)
     seq = [p + D for p in prefix]
     return _batch(server, server.draft_runner, ForwardMode.DRAFT_EXTEND_V2, rows, seq, n * D, spec=spec,
                   extend_seq_lens=torch.full((n,), D, dtype=torch.int32), extend_seq_lens_cpu=[D] * n,

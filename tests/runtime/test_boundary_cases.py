@@ -103,24 +103,52 @@ def test_a_bad_escape_in_ir_text_is_a_parse_error():
         parse('graph "\\q" {\n}')
 
 
-def test_device_only_values_are_guarded_and_reported_one_step_late():
-    """A field the batch has on the device only: its bad value is replaced where it is staged (a row by 0,
-    a length by its nearest bound) and the next step raises a BatchError naming field, row and value."""
-    guard = DeviceGuard(torch.device("cpu"))
+class _Slot:  # what the guard reads of a staged slot: its range, fill, device buffer and guarded copy
+    full_range, lo, hi, fill, raw, raw_top = False, 0, 10, 1, None, 0
+    slot = type("S", (), {"kind": SlotKind.length})()
 
-    class Slot:  # the two facts of a staged slot the guard reads
-        full_range, lo, hi = False, 0, 10
-        slot = type("S", (), {"kind": SlotKind.length})()
+    def __init__(self, n: int):
+        self.dev = torch.zeros(n, dtype=torch.int32)
 
-    dst = torch.zeros(3, dtype=torch.int32)
-    guard.stage(Slot, torch.tensor([4, 99, -2], dtype=torch.int64), dst, "seq_lens", capture=False)
-    guard.flush()
-    assert dst.tolist() == [4, 10, 0]  # nothing outside the range reaches a kernel
-    with pytest.raises(BatchError, match=r"the previous step staged seq_lens\[1\] = 99 from the device"):
+
+def test_device_only_values_are_guarded_and_reported_at_a_later_step():
+    """A field the batch has on the device only: its bad value is replaced where the graph narrows it (a
+    length by its nearest bound), rows past the live ones get the fill, and a later step raises a
+    BatchError naming field, row and value, once."""
+    guard, s = DeviceGuard(torch.device("cpu")), _Slot(4)
+    guard.apply([guard.feed(s, torch.tensor([4, 99, -2], dtype=torch.int64), 3, 4, "seq_lens", capture=False)])
+    guard.raise_pending()  # not home yet: the next step's out_graph fetches the flag
+    guard.fetch()
+    assert s.dev.tolist() == [4, 10, 0, 1]  # nothing outside the range reaches a kernel; row 3 is padding
+    with pytest.raises(BatchError, match=r"an earlier step staged seq_lens\[1\] = 99 from the device"):
         guard.raise_pending()
     guard.raise_pending()  # reported once
-    dst2 = torch.zeros(2, dtype=torch.int32)
-    guard.stage(Slot, torch.tensor([1, 2]), dst2, "seq_lens", capture=False)
-    guard.flush()
+    guard.apply([guard.feed(s, torch.tensor([1, 2]), 2, 4, "seq_lens", capture=False)])
+    guard.fetch()
     guard.raise_pending()  # a good step reports nothing
-    assert dst2.tolist() == [1, 2]
+    assert s.dev.tolist() == [1, 2, 1, 1]  # the rows a larger step left are padding again
+
+
+def test_the_device_check_is_recorded_with_the_graph_and_replays_on_new_values():
+    """Captured once (the capture batch's dummy rows unchecked), the check runs inside every replay on
+    what out_graph fed: a replay costs the host one copy, and still replaces and reports a bad value."""
+    from attnmeta.runtime.graphs import EmulatedGraph
+
+    guard, s = DeviceGuard(torch.device("cpu")), _Slot(3)
+    entries = [guard.feed(s, torch.tensor([0, 0, 0]), 3, 3, "seq_lens", capture=True)]
+    g = EmulatedGraph()
+    with g.capture():
+        guard.apply(entries)
+    guard.fetch()
+    guard.raise_pending()  # the capture batch was not checked
+    guard.feed(s, torch.tensor([5, 6]), 2, 3, "seq_lens", capture=False)
+    g.replay()
+    guard.fetch()
+    guard.raise_pending()
+    assert s.dev.tolist() == [5, 6, 1]
+    guard.feed(s, torch.tensor([7, 70, 8]), 3, 3, "seq_lens", capture=False)
+    g.replay()
+    assert s.dev.tolist() == [7, 10, 8]
+    guard.fetch()
+    with pytest.raises(BatchError, match=r"seq_lens\[1\] = 70"):
+        guard.raise_pending()
