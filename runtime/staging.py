@@ -86,6 +86,12 @@ class _Staged:
             why = "a float is truncated, and NaN has no value" if src.is_floating_point() else "convert it"
             raise BatchError(f"{name} must hold integers (torch.int32 or torch.int64), got {src.dtype}: {why}")
         a = src.numpy().reshape(-1)[:live]  # another integer dtype: check in its own range, then narrow
+        if src.dtype is torch.int64 and not self.full_range:  # an engine's int64 lengths (SGLang's, every
+            u = a.view(np.uint64)  # step): one unsigned maximum over the source checks [0, hi] before narrowing
+            if u[u.argmax()] > self.hi or (self.lo == 1 and not capture and np.count_nonzero(a) != live):
+                self._check(a, capture, name)  # raises, naming the row
+            np.copyto(self.np[:live], a, casting="unsafe")
+            return
         self._check(a, capture, name)
         self.np[:live] = a
 
