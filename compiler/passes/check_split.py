@@ -159,6 +159,23 @@ def _missing_fill(g: Graph, f: Facts) -> Iterator[Violation]:
                             f"fill={fill} of {i.name} is a negative length: every later row's indptr moves back, so "
                             "padded rows overwrite live rows' indices",
                             "fill=1 (or 0): a padded row is a one-token (or empty) sequence")
+        elif not r and fill != 0 and i.type.dtype.value.startswith(("i", "u")) and _passed_through(g, i.name):
+            field = _passed_through(g, i.name)
+            yield Violation("missing-fill-value", i.name, i.origin,
+                            f"fill={fill} of {i.name}: nothing in the spec indexes with it, but it reaches field "
+                            f"{field!r}, which the engine's kernels read; what its values index there (a KV slot to "
+                            "write, a pool row) is not declared, so a nonzero fill may name live data",
+                            "declare what it indexes (kind=Kind.slot / Kind.row / Kind.length) so its fill is "
+                            "checked, or fill=0 (the reserved slot and row)")
+
+
+def _passed_through(g: Graph, name: str) -> str | None:
+    """The first output field whose value is input ``name``'s values moved, cast or sliced (no arithmetic)."""
+    carried = {name}
+    for n in g.nodes:
+        if n.op in (Op.copy, Op.cast, Op.slice, Op.flatten, Op.repeat) and n.inputs and n.inputs[0] in carried:
+            carried.add(n.name)
+    return next((o.field for o in g.outputs if o.value in carried), None)
 
 
 @rule("buffer-capacity")

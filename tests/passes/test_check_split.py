@@ -239,6 +239,29 @@ def test_unsafe_fill_values(name, fill, kind, why):
     assert f"fill={fill} of {name} {why}" in v.message and "fill=" in v.fix
 
 
+def test_a_passed_through_index_without_a_kind_needs_fill_zero():
+    """An out_cache_loc-like input the spec only copies into a field: the engine's kernels index with it
+    (a KV slot to write), which the spec cannot see, so a nonzero fill is refused until the kind is
+    declared (then checked as that kind) or the fill is 0."""
+    from attnmeta.compiler.ir import Kind
+
+    def spec(fill, **kw):
+        b = SpecBuilder("t")
+        seq = b.input("seq_lens", I32, ["bs"], fill=1)
+        loc = b.input("out_cache_loc", I64, ["bs"], fill=fill, **kw)  # MARK-pass
+        with b.in_graph():
+            b.outputs(kv_indptr=b.cumsum(seq), out_cache_loc=b.copy(loc))
+        return b.build()
+
+    (v,) = violations(spec(5))
+    assert (v.rule, v.node, v.origin) == ("missing-fill-value", "out_cache_loc", line_of("MARK-pass"))
+    assert "reaches field 'out_cache_loc'" in v.message and "kind=Kind.slot" in v.fix
+    check_split(specialize(spec(0)))  # the reserved slot and row
+    (v,) = violations(spec(5, kind=Kind.slot))  # declared: checked as a slot
+    assert "is a live KV slot" in v.message
+    check_split(specialize(spec(7, kind=Kind.length)))  # a length fill of 7 is safe
+
+
 def test_safe_fills_pass_and_a_guarded_sentinel_row_is_safe():
     b = SpecBuilder("t")
     seq = b.input("seq_lens", I32, ["bs"], fill=0)
