@@ -83,7 +83,9 @@ def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.devi
     for s in b.slots:
         key = (s.host.space, s.host.offset)
         cap = dirty.setdefault(key, [s.capacity])  # untouched staging holds zeros, not the fill: pad it all once
-        slots.append(_Staged(s, buffers.view(s.host), None if s.dev is None else buffers.view(s.dev), env, cap))
+        full = buffers.view(attrs.evolve(s.host, shape=(s.capacity,)))  # every size's rows: padded past live
+        slots.append(_Staged(s, buffers.view(s.host), None if s.dev is None else buffers.view(s.dev), env, cap,
+                             full))
     copies = [(buffers.view(d), buffers.view(h)) for d, h in b.copies]
     meta = SimpleNamespace(**{f: value(a) for f, a in b.fields})
     for f in b.planned:

@@ -51,9 +51,9 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
                 f"    d.copy_(a{i} if a{i}.dim() == 1 and a{i}.shape[0] == {n} else a{i}.view(-1)[:{n}], "
                 "non_blocking=True)"]
     total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
-    # A full batch pads nothing; it only moves the fill mark up to its end, when the mark is below it
-    # (the mark above it, as after a larger size, is left: the call would be a no-op every step)
-    pad = [f"if {n} != {total} or DIRTY{i}[0] < {total}:", f"    PAD{i}({n}, {total})"]
+    # rows past the live ones hold the fill up to max_bs: the mark moves to the live count (padding the
+    # rows an earlier, larger step left); a step of the same live count as the last touches nothing
+    pad = [f"if DIRTY{i}[0] != {n}:", f"    PAD{i}({n}, {total})"]
     return fetch, copy, pad, late
 
 

@@ -58,8 +58,10 @@ class _Staged:
     """One slot of one plan: its views, bounds and a fast path for the common case (a contiguous
     host tensor of the slot's dtype: one memmove, then one unsigned max catches negatives too)."""
 
-    def __init__(self, slot: Slot, host: torch.Tensor, dev: torch.Tensor | None, env: dict[str, int], dirty: list):
+    def __init__(self, slot: Slot, host: torch.Tensor, dev: torch.Tensor | None, env: dict[str, int], dirty: list,
+                 full: torch.Tensor | None = None):
         self.slot, self.host, self.dev = slot, host, dev
+        self.full = (host if full is None else full).numpy()  # the slot's rows at max_bs, shared by its sizes
         self.source, self.device_field = slot.source, slot.device_field
         self.fill, self.per_row = slot.fill, slot.per_row
         self.lo, self.hi = slot.bounds(env)
@@ -72,7 +74,7 @@ class _Staged:
         self.full_range = self.lo <= info.min and self.hi >= info.max  # nothing to check
         if not self.full_range and not (self.lo in (0, 1) and self.hi >= 0):
             raise ValueError(f"{slot.source}: staged checks cover ranges [0 or 1, hi]; got [{self.lo}, {self.hi}]")
-        self.dirty = dirty  # [n]: entries at n and beyond hold the fill (shared by the mode's sizes)
+        self.dirty = dirty  # [n]: entries at n and beyond, to max_bs, hold the fill (shared by the mode's sizes)
         self.live, self.u_live, self.s_live = -1, None, None
         self.raw, self.raw_top = None, 0  # a device-only field's guarded copy (DeviceGuard.feed)
 
@@ -132,11 +134,13 @@ class _Staged:
         return f"{field} is outside {lo}..{self.hi}, {s.why}: it would wrap when narrowed to {self.dtype}"
 
     def pad(self, live: int, total: int) -> None:
-        """Rows [live, total) get the fill. Rows the last step left as fill are not written again."""
-        top = min(total, self.dirty[0])
-        if top > live:
-            self.np[live:top] = self.fill
-        self.dirty[0] = live if self.dirty[0] <= total else max(self.dirty[0], live)
+        """Every row past the live ones gets the fill, up to max_bs, not only to this size (``total``): the
+        packed copy moves them all, so a graph of another size replayed after this step (an engine that
+        dispatched before it padded) reads padding, never an earlier step's rows. Rows already holding
+        the fill are not written again."""
+        if self.dirty[0] > live:
+            self.full[live:self.dirty[0]] = self.fill
+        self.dirty[0] = live
 
 
 SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, staged as the fill

@@ -145,12 +145,13 @@ class Places:
         return info.min, sympy.Integer(info.max), f"the range of {i.type.dtype.value}", ""
 
     def copies(self) -> tuple[tuple[Region, Region], ...]:
-        """The mode's staging bytes at this size: one packed host->device copy per step."""
+        """The mode's staging bytes: one packed host->device copy per step, of every input's rows to
+        max_bs (the padding included, so no size's graph reads rows an earlier step left: bug class 19;
+        a few KiB at most, one copy either way)."""
         staged = [b for b in self.g.buffers if b.space is Space.staging]
         if not any(not self.inputs[v].type.placement.on_host for b in staged for v in b.values):
             return ()
-        bs = self.g.env["bs"]
-        span = max(b.offset + b.nbytes // max(1, self.max_bs) * bs for b in staged)
+        span = max(b.offset + b.nbytes for b in staged)
         base = self.base[Space.staging.value]
         return ((Region(Mem.staging_dev, base, torch.uint8, (span,)), Region(Mem.staging_host, base, torch.uint8,
                                                                               (span,))),)

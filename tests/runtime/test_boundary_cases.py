@@ -152,3 +152,24 @@ def test_the_device_check_is_recorded_with_the_graph_and_replays_on_new_values()
     guard.fetch()
     with pytest.raises(BatchError, match=r"seq_lens\[1\] = 70"):
         guard.raise_pending()
+
+
+def test_a_graph_replayed_after_a_smaller_batch_was_staged_reads_padding():
+    """Bug class 19: an engine that dispatches before it pads stages a 2-row batch, then replays the
+    graph captured for 4 rows. Rows 2 and 3 read the padding (fill length 1 on the reserved row 0), not
+    the rows an earlier 4-row step staged."""
+    from tests.batches import capture, make_batch
+
+    L, rows = 64, 16
+    pool = make_pool(rows, L)
+    be = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(2, 4), max_context_len=L)).instantiate(pool)
+    graphs = {bs: capture(be, make_batch(bs, L, rows, seed=bs)) for bs in (2, 4)}
+    be.init_forward_metadata_out_graph(make_batch(4, L, rows, seed=7, max_len=40))  # 4 long live rows
+    graphs[4].replay()
+    small = make_batch(2, L, rows, seed=8)
+    be.init_forward_metadata_out_graph(small)  # the 2-row plan staged...
+    graphs[4].replay()  # ...and the 4-row graph replayed
+    m = be.bound(ForwardMode.DECODE, 4).meta
+    ind = m.kv_indptr.tolist()
+    assert [ind[k + 1] - ind[k] for k in range(4)] == [*small.seq_lens_cpu.tolist(), 1, 1]
+    assert m.kv_indices[ind[2]:ind[4]].tolist() == [int(pool[0, 0])] * 2
