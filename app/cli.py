@@ -100,6 +100,10 @@ def cmd_compile(a) -> int:
 
     try:
         cb = compile_backend(a.backend, opts, instruments=[*inst, Progress()])
+    except UserError:
+        if opts.dump_dir:  # the failed run's dumps and report are what the user debugs it with
+            _dumped(opts.dump_dir, a)
+        raise
     finally:
         bar.close()
     print(f"compiled {cb.spec.name}: {len(cb.plans)} plans ({len(opts.sizes)} capture sizes x "
@@ -110,13 +114,24 @@ def cmd_compile(a) -> int:
     if a.out:
         print(f"artifact: {cb.save(a.out, ref=a.backend)} (load_compiled({a.out!r}))")
     if opts.dump_dir:
-        run = dumps.find_run(os.path.join(opts.dump_dir, cb.spec.name))
-        print(f"dumps: {run} (attnmeta inspect {run})")
-        if a.report:
-            from .report import write
-
-            print(f"report: {write(run, a.report if isinstance(a.report, str) else None)}")
+        _dumped(opts.dump_dir, a, cb.spec.name)
     return 0
+
+
+def _dumped(dump_dir: str, a, name: str | None = None) -> None:
+    """Name the run folder (and write its report when asked), after a complete or a failed compile."""
+    from attnmeta.compiler.spec import get_spec
+
+    try:
+        name = name or get_spec(a.backend).name
+        run = dumps.find_run(os.path.join(dump_dir, name))
+    except UserError:
+        return  # the spec did not load: nothing was dumped
+    print(f"dumps: {run} (attnmeta inspect {run})")
+    if a.report:
+        from .report import write
+
+        print(f"report: {write(run, a.report if isinstance(a.report, str) else None)}")
 
 
 def cmd_inspect(a) -> int:
@@ -127,6 +142,9 @@ def cmd_inspect(a) -> int:
         print(f"report: {write(run, a.html or None)}")
         return 0
     print(dumps.pass_table(run, a.mode, a.bs, a.pass_))
+    failed = dumps.failure(run)
+    if failed:
+        print(failed)
     if a.diff:
         for mode in [a.mode] if a.mode else dumps.modes(run):
             for bs in [a.bs] if a.bs is not None else dumps.sizes(run, mode)[:1]:

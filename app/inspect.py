@@ -17,8 +17,8 @@ def find_run(path: str) -> str:
     backend's ``latest`` (a dump root)."""
     if not os.path.isdir(path):
         raise OptionsError(f"no dump directory {path!r}; create one with: attnmeta compile BACKEND --dump-dir {path}")
-    if os.path.exists(os.path.join(path, "passes.json")):
-        return path
+    if os.path.exists(os.path.join(path, "passes.json")) or os.path.basename(os.path.normpath(path)).startswith("run-"):
+        return path  # a run folder (one without passes.json says so when read)
     if os.path.isdir(os.path.join(path, "latest")):
         return os.path.realpath(os.path.join(path, "latest"))
     backends = [d for d in sorted(os.listdir(path)) if os.path.isdir(os.path.join(path, d, "latest"))]
@@ -30,8 +30,29 @@ def find_run(path: str) -> str:
 
 
 def load(run: str) -> dict:
-    with open(os.path.join(run, "passes.json")) as f:
-        return json.load(f)
+    path = os.path.join(run, "passes.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise OptionsError(f"{run} has no passes.json: that compile ended before writing its dumps (killed?); "
+                           "compile again with --dump-dir") from None
+    except json.JSONDecodeError as e:
+        raise OptionsError(f"{path} is not a pass table ({e}); compile again with --dump-dir") from None
+
+
+def failure(run: str) -> str:
+    """A failed compile's failure, every violation on its own lines (empty for a complete one)."""
+    f = load(run).get("failure")
+    if not f:
+        return ""
+    where = f"{f['mode']}" + ("" if f["bs"] is None else f", bs {f['bs']}")
+    out = [f"FAILED in pass {f['pass']} ({where}): {f['error']}; its input: {os.path.join(run, f['ir'])}"]
+    for v in f["violations"]:
+        out.append(f"  [{v['rule']}] %{v['node']} at {v['origin'] or '?'}: {v['message']}\n      fix: {v['fix']}")
+    if not f["violations"]:
+        out.append(f"  {f['message']}")
+    return "\n".join(out)
 
 
 def pass_table(run: str, mode: str | None = None, bs: int | None = None, pass_: str | None = None) -> str:
@@ -43,7 +64,9 @@ def pass_table(run: str, mode: str | None = None, bs: int | None = None, pass_: 
         nodes = f"{r['nodes_before']} -> {r['nodes_after']}" if r["nodes_before"] is not None else r["nodes_after"]
         rows.append({"pass": r["pass"], "mode": r["mode"], "bs": r["bs"], "changed": r["changed"], "nodes": nodes,
                      "ms": round(r["seconds"] * 1000, 2), "kernels": r["kernels"]})
-    return table(rows, ["pass", "mode", "bs", "changed", "nodes", "ms", "kernels"], title=f"run {run}")
+    data = load(run)
+    title = f"run {run} ({data.get('status', 'complete')})"
+    return table(rows, ["pass", "mode", "bs", "changed", "nodes", "ms", "kernels"], title=title)
 
 
 def stages(run: str, mode: str, bs: int | None) -> list[tuple[str, str]]:

@@ -96,13 +96,41 @@ def _section(run: str, mode: str, bs: int | None) -> str:
             f"<h4>generated code</h4>{code}")
 
 
+def _failure(run: str, f: dict | None) -> str:
+    """A failed compile opens on its failure: every violation (rule, node, spec line, message, fix), then
+    the IR the failing pass was given, each offending node's line marked."""
+    if not f:
+        return ""
+    where = f["mode"] + ("" if f["bs"] is None else f", bs {f['bs']}")
+    rows = "".join(f"<tr><td>{html.escape(v['rule'])}</td><td><a href='#v-{html.escape(v['node'])}'>"
+                   f"%{html.escape(v['node'])}</a></td><td><code>{html.escape(v['origin'] or '?')}</code></td>"
+                   f"<td>{html.escape(v['message'])}</td><td>{html.escape(v['fix'])}</td></tr>"
+                   for v in f["violations"])
+    table = (f"<table id='violations'><tr><th>rule</th><th>node</th><th>spec line</th><th>what</th><th>fix</th>"
+             f"</tr>{rows}</table>") if rows else f"<p>{html.escape(f['message'])}</p>"
+    try:
+        with open(os.path.join(run, f["ir"])) as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    marked = {v["node"] for v in f["violations"]}
+    lines = []
+    for line in text.splitlines():
+        node = next((n for n in marked if re.match(rf"\s*(input )?%{re.escape(n)}\b", line)), None)
+        esc = html.escape(line)
+        lines.append(f"<span id='v-{html.escape(node)}' class='del'>{esc}</span>" if node else esc)
+    return (f"<h2 id='failure'>failed in pass {html.escape(f['pass'])} ({html.escape(where)}): "
+            f"{html.escape(f['error'])}</h2>{table}<h3>the IR {html.escape(f['pass'])} was given</h3>"
+            f"<pre>{chr(10).join(lines)}</pre>")
+
+
 def render(run: str) -> str:
     data = dumps.load(run)
     title = f"attnmeta compile of {data.get('backend', os.path.basename(os.path.dirname(run)))}"
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
            f"<p>run <code>{html.escape(run)}</code>; options: <code>{html.escape(str(data.get('options', '')))}"
-           "</code></p><h2>passes</h2>", _pass_table(data["passes"])]
+           "</code></p>", _failure(run, data.get("failure")), "<h2>passes</h2>", _pass_table(data["passes"])]
     for mode in dumps.modes(run):
         out.append(f"<h2>{mode}</h2><h3>mode-generic passes</h3>{_section(run, mode, None)}")
         for bs in dumps.sizes(run, mode):

@@ -157,9 +157,11 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if options.dump_dir:
         inst.append(DumpDir(options.dump_dir, spec.name, dump_selection(options), _describe(options)))
     t0 = time.perf_counter()
-    s = compile_spec(spec, options, inst)
-    for i in inst:
-        i.finish(timing.seconds)
+    try:
+        s = compile_spec(spec, options, inst)
+    finally:  # a failed compile's dumps are finished too: they are what a person debugs it with
+        for i in inst:
+            i.finish(timing.seconds)
     log.info("compiled %s: %d plans in %.3f s", spec.name, len(s.plans), time.perf_counter() - t0)
     return CompiledBackend(spec, options, s.generic, s.plans, timing, s.layout, s.inits, s.pools, s.stable,
                            time.perf_counter() - t0, ref=spec_or_name if isinstance(spec_or_name, str) else spec.name)

@@ -1,7 +1,9 @@
 """Dumps that scale: what a compile did, written so a person can read it.
 
     <dump_dir>/<backend>/run-<date>-<time>-<pid>/     one folder per compile (``latest`` links the newest)
-        passes.json                                   the pass table: pass, mode, bs, changed, nodes, time, kernels
+        passes.json                                   the pass table: pass, mode, bs, changed, nodes, time, kernels;
+                                                      its status ("complete" or "failed") and the failure
+        <mode>/[bs<N>/]NN-<pass>.failed.ir            a failed compile: the IR the failing pass was given
         <mode>/00-spec.ir .. 06-plan-buffers.ir       the mode-generic passes, once per mode
         <mode>/bs<N>/07-specialize-batch.ir ..        the per-size passes, for the selected sizes only
         <mode>/bs<N>/10-lowered.py, graph.dot         the generated code (runs on its own), the final graph
@@ -68,6 +70,7 @@ class DumpDir(Instrument):
     def __init__(self, root: str, backend: str, select: Selection, options: str = ""):
         self.run, self.select, self.meta = new_run(root, backend), select, {"backend": backend, "options": options}
         self.rows: list[dict] = []
+        self.failure: dict | None = None
         self._count: dict[str, int] = {}
         self._generic: dict[str, int] = {}  # mode -> passes dumped in its generic stage
         self._before: Graph | None = None
@@ -127,7 +130,21 @@ class DumpDir(Instrument):
                           "nodes_before": len(plan.graph.nodes), "nodes_after": len(plan.graph.nodes),
                           "seconds": round(seconds, 6), "kernels": len(plan.kernels)})
 
+    def failed(self, name, g, ctx, error) -> None:
+        """The pass that raised: what it was given (written whatever the selection: it is what a person
+        debugs), and the error with every violation, for passes.json and the report."""
+        d = self._folder(ctx)
+        n = self._count[d]
+        ir = os.path.join(d, f"{n:02d}-{name}.failed.ir")
+        with open(ir, "w") as f:
+            f.write(header(name, ctx).replace("After", "Before (failed)") + print_graph(g))
+        self.failure = {"pass": name, "mode": ctx.mode.name.lower(), "bs": ctx.bs, "error": type(error).__name__,
+                        "message": str(error), "ir": os.path.relpath(ir, self.run),
+                        "violations": [{"rule": v.rule, "node": v.node, "origin": v.origin, "message": v.message,
+                                        "fix": v.fix} for v in getattr(error, "violations", ())]}
+
     def finish(self, timing: dict[str, float]) -> None:
         with open(os.path.join(self.run, "passes.json"), "w") as f:
             total = {k: round(v, 6) for k, v in timing.items()}
-            json.dump({**self.meta, "passes": self.rows, "seconds_all_sizes": total}, f, indent=1)
+            status = {"status": "failed", "failure": self.failure} if self.failure else {"status": "complete"}
+            json.dump({**self.meta, **status, "passes": self.rows, "seconds_all_sizes": total}, f, indent=1)

@@ -123,3 +123,42 @@ def test_report_loads_in_headless_chromium_and_its_screenshot_shows_table_and_gr
     # the pass table's header cells, and the graph's in_graph and out_graph boxes, are on screen
     assert colours.get(TABLE_HEAD, 0) > 500, "no pass table in the screenshot"
     assert colours.get(IN_GRAPH, 0) > 2000 and colours.get(OUT_GRAPH, 0) > 2000, "no graph in the screenshot"
+
+
+def test_a_failed_compile_is_dumped_inspected_and_reported(tmp_path, capsys):
+    """The broken example with --dump-dir --report: the run folder holds the pass table up to the failing
+    pass, labelled failed, the IR that pass was given and every violation; inspect, --diff and --html
+    read it without a traceback, and the report opens on the violations, each with its spec line."""
+    import json
+
+    ex = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mine_broken.py") + ":SPEC"
+    d = tmp_path / "dumps"
+    assert main(["compile", ex, "--max-bs", "8", "--page-size", "16", "--dump-dir", str(d), "--report"]) == 2
+    err = capsys.readouterr().err
+    assert "\nattnmeta: check-split rejected" in err and "Traceback" not in err  # after the failed pass's IR
+    run = os.path.realpath(d / "mine_broken" / "latest")
+    data = json.load(open(os.path.join(run, "passes.json")))
+    assert data["status"] == "failed" and data["failure"]["pass"] == "check-split"
+    rules = {(v["rule"], v["origin"]) for v in data["failure"]["violations"]}
+    assert rules == {("host-value-in-graph", "examples/mine_broken.py:26"),
+                     ("missing-fill-value", "examples/mine_broken.py:19")}
+    assert os.path.exists(os.path.join(run, data["failure"]["ir"]))
+    assert main(["inspect", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "(failed)" in out and "FAILED in pass check-split (decode, bs 8)" in out
+    assert "[missing-fill-value] %req_pool_indices at examples/mine_broken.py:19" in out
+    assert main(["inspect", str(d), "--diff"]) == 0 and "check-split.failed.ir" in capsys.readouterr().out
+    assert main(["inspect", str(d), "--html"]) == 0
+    page = open(os.path.join(run, "report.html")).read()
+    assert "<table id='violations'>" in page and "examples/mine_broken.py:26" in page
+    assert page.index("id='failure'") < page.index('<table id="passes">')  # it opens on the failure
+    assert "id='v-req_pool_indices' class='del'" in page and "id='v-v2' class='del'" in page
+    os.remove(os.path.join(run, "passes.json"))  # a compile killed before its end
+    assert main(["inspect", run]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no passes.json" in err
+    if BROWSER:
+        dom = subprocess.run([BROWSER, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                              "file://" + os.path.join(run, "report.html")], capture_output=True, text=True,
+                             timeout=120)
+        assert dom.returncode == 0 and 'id="violations"' in dom.stdout and "missing-fill-value" in dom.stdout
