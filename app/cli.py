@@ -14,7 +14,9 @@ examples:
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -245,13 +247,33 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _OneLine(argparse.ArgumentParser):
+    """argparse's errors as one line (not the whole usage), with a "did you mean" for a mistyped
+    choice (a backend, mode, pass, log part) or option."""
+
+    def error(self, message: str):
+        close = []
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'?([\w.:/-]+)'?", m.group(2))
+            close = difflib.get_close_matches(m.group(1), choices, n=1)
+        m = re.search(r"unrecognized arguments: (\S+)", message)
+        if m:
+            opts = [o for a in self._actions for o in a.option_strings]
+            for sp in (a for a in self._actions if isinstance(a, argparse._SubParsersAction)):
+                opts += [o for p in sp.choices.values() for a in p._actions for o in a.option_strings]
+            close = difflib.get_close_matches(m.group(1), opts, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        self.exit(2, f"{self.prog}: {message}{hint}; {self.prog} --help for usage\n")
+
+
 def parser() -> argparse.ArgumentParser:
     fmt = _Defaults
-    p = argparse.ArgumentParser(prog="attnmeta", description=__doc__.split("\n\n")[0],
+    p = _OneLine(prog="attnmeta", description=__doc__.split("\n\n")[0],
                                 epilog="examples:" + __doc__.split("examples:")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"attnmeta {_version()}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_OneLine)
     c = sub.add_parser("compile", help="compile a backend spec ahead of serving", formatter_class=fmt)
     c.add_argument("backend", help=f"a backend ({', '.join(list_backends())}), or your spec as pkg.module:SPEC "
                                    "or path/to/file.py:SPEC")

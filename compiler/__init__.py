@@ -14,7 +14,7 @@ from .pipeline import GENERIC_PASSES, PER_BS_PASSES, PassError
 from .spec import BackendSpec, get_spec, list_backends, register_backend
 
 if _os.environ.get("ATTNMETA_LOGS"):  # opt-in only: otherwise the application's logging setup decides
-    _logs.configure()
+    _logs.configure(strict=False)
 
 __all__ = [
     "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "ArtifactError", "AttnmetaError", "BackendSpec", "CompileOptions",

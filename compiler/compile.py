@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections.abc import Sequence
@@ -116,7 +117,9 @@ def check_disabled(options: CompileOptions) -> None:
     known = GENERIC_PASSES + PER_BS_PASSES
     unknown = [p for p in options.disabled_passes if p not in known]
     if unknown:
-        raise OptionsError(f"--disable-pass {' '.join(unknown)}: no such pass; passes: {', '.join(known)}")
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        raise OptionsError(f"--disable-pass {' '.join(unknown)}: no such pass"
+                           f"{f' (did you mean {close[0]!r}?)' if close else ''}; passes: {', '.join(known)}")
     required = [p for p in options.disabled_passes if p in REQUIRED]
     if required:
         raise OptionsError(f"--disable-pass {' '.join(required)}: the runtime allocates and binds from its results; "
@@ -130,6 +133,15 @@ def check_disabled(options: CompileOptions) -> None:
 def _describe(o: CompileOptions) -> str:
     return (f"max_bs={o.max_bs} sizes={list(o.sizes)} modes={[m.name.lower() for m in o.modes]} P={o.page_size} "
             f"L={o.max_context_len} D={o.num_draft_tokens} S={o.num_steps} K={o.topk}")
+
+
+def check_dump_sizes(options: CompileOptions) -> None:
+    """``dump_bs`` names sizes that are compiled: another would silently dump nothing."""
+    compiled = sorted({*options.sizes, options.max_bs})
+    missing = sorted(set(options.dump_bs) - set(compiled))
+    if missing:
+        raise OptionsError(f"dump_bs {missing} are not compiled sizes (compiled: {compiled}); dump one of those, "
+                           "or add the size to capture_sizes (--sizes)")
 
 
 def dump_selection(options: CompileOptions) -> Selection:
@@ -148,6 +160,7 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
         raise OptionsError(f"backend {spec.name!r} does not support modes {[m.name.lower() for m in unsupported]}; "
                            f"it supports {[m.name.lower() for m in spec.modes]}")
     check_disabled(options)
+    check_dump_sizes(options)
     timing = Timing()
     inst: list[Instrument] = [timing, *instruments]
     if options.verify_each:

@@ -11,16 +11,20 @@ attnmeta configures nothing: an application's own logging setup decides, as for 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import sys
 
 from .ir.errors import OptionsError
 
 PARTS = ("compile", "runtime", "staging")
 
 
-def configure(spec: str | None = None) -> list[str]:
-    """Apply an ATTNMETA_LOGS value (``spec``, else the variable); returns the loggers switched on."""
+def configure(spec: str | None = None, strict: bool = True) -> list[str]:
+    """Apply an ATTNMETA_LOGS value (``spec``, else the variable); returns the loggers switched on. An
+    unknown part is an ``OptionsError``, or with ``strict=False`` (at import: a typo in a variable must
+    not break ``import attnmeta``) one line on stderr, and the part is skipped."""
     spec = os.environ.get("ATTNMETA_LOGS", "") if spec is None else spec
     on = []
     for item in (s.strip() for s in spec.split(",") if s.strip()):
@@ -28,7 +32,13 @@ def configure(spec: str | None = None) -> list[str]:
         name = item.lstrip("+")
         for part in PARTS if name == "all" else (name,):
             if part not in PARTS:
-                raise OptionsError(f"ATTNMETA_LOGS: unknown part {name!r}; parts: {', '.join(PARTS)}, all")
+                close = difflib.get_close_matches(name, [*PARTS, "all"], n=1)
+                msg = (f"ATTNMETA_LOGS: unknown part {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                       f"parts: {', '.join(PARTS)}, all")
+                if strict:
+                    raise OptionsError(msg)
+                print(f"attnmeta: {msg}; ignored", file=sys.stderr)
+                continue
             logging.getLogger(f"attnmeta.{part}").setLevel(logging.DEBUG if debug else logging.INFO)
             on.append(f"attnmeta.{part}")
     root = logging.getLogger("attnmeta")

@@ -8,6 +8,7 @@ attnmeta's own backends package does); and references to a user's code, ``pkg.mo
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -73,7 +74,9 @@ def get_spec(ref: str | BackendSpec) -> BackendSpec:
         return _load(ref)
     found = _installed().get(ref)
     if found is None:
-        raise UnknownName(f"unknown backend {ref!r}; available: {list_backends()} (or give a spec in your code "
+        close = difflib.get_close_matches(ref, list_backends(), n=1)
+        raise UnknownName(f"unknown backend {ref!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                          f"available: {list_backends()} (or give a spec in your code "
                           "as pkg.module:SPEC or path/to/file.py:SPEC)")
     return found
 

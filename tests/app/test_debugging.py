@@ -132,8 +132,25 @@ def test_attnmeta_logs_switches_parts_on_like_torch_logs():
     assert "attnmeta.compile" not in r.stderr  # off unless asked
     from attnmeta.compiler import logs
 
-    with pytest.raises(ValueError, match="unknown part 'runtim'"):
+    with pytest.raises(ValueError, match="unknown part 'runtim' \\(did you mean 'runtime'\\?\\)"):
         logs.configure("runtim")
+    # a typo in the variable is one line on stderr, never a failed import
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "ATTNMETA_LOGS": "runtim,compile"})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "attnmeta: ATTNMETA_LOGS: unknown part 'runtim' (did you mean 'runtime'?)" in r.stderr
+    assert "[attnmeta.compile] compiled triton" in r.stderr  # the parts it knows are on
+
+
+def test_a_dump_size_that_is_not_compiled_is_named(tmp_path, capsys):
+    from attnmeta.compiler import OptionsError
+
+    with pytest.raises(OptionsError, match=r"dump_bs \[999\] are not compiled sizes \(compiled: \[1, 2\]\)"):
+        compile_backend("triton", CompileOptions(max_bs=2, capture_sizes=(1, 2), dump_dir=str(tmp_path),
+                                                 dump_bs=(999,)))
+    assert main(["compile", "triton", "--max-bs", "2", "--capture-sizes", "1", "2", "--dump-dir", str(tmp_path),
+                 "--dump-bs", "999"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_importing_attnmeta_changes_nothing_in_the_environment():
@@ -156,3 +173,19 @@ def test_cli_version_and_help_with_defaults_and_examples(capsys):
         main(["compile", "--help"])
     out = capsys.readouterr().out
     assert "(default: 256)" in out and "--dump-bs" in out and "--print-before" in out
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["compil", "triton"], "did you mean 'compile'?"),
+    (["compile", "triton", "--modes", "decod"], "did you mean 'decode'?"),
+    (["compile", "triton", "--dump-bss", "8"], "did you mean '--dump-bs'?"),
+    (["compile", "tritn"], "did you mean 'triton'?"),
+    (["compile", "triton", "--disable-pass", "fus"], "did you mean 'fuse'?"),
+])
+def test_a_mistyped_command_line_is_one_line_with_a_suggestion(argv, hint, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and hint in err and "usage:" not in err
