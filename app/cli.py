@@ -2,8 +2,8 @@
 run a checked serving loop, measure host overhead.
 
 examples:
-  attnmeta compile flashinfer --max-bs 64 --dump-dir dumps      pass table per mode; IR of every pass
-  attnmeta compile mine.py:SPEC --modes decode target_verify     your own spec, two modes
+  attnmeta compile flashinfer --max-bs 64 --dump-dir dumps --dump-bs 8 64   the IR of every pass at bs 8, 64
+  attnmeta compile examples/mine.py:SPEC --modes decode          your own spec
   attnmeta compile triton --print-after fuse --dump-bs 8          the IR after fuse at bs 8
   attnmeta inspect dumps --diff --mode decode --bs 8              what each pass changed at bs 8
   attnmeta inspect dumps --html                                   one self-contained HTML report

@@ -1,11 +1,11 @@
 """Logging: standard ``logging``, one named logger per part, switched on in the spirit of TORCH_LOGS.
 
     ATTNMETA_LOGS=compile,runtime      INFO from those parts (to stderr)
-    ATTNMETA_LOGS=+runtime,staging     + for DEBUG (every plan bound, every padded step)
+    ATTNMETA_LOGS=+runtime             + for DEBUG (every plan bound)
     ATTNMETA_LOGS=all                  every part
 
 Parts: ``compile`` (what compiled, sizes compiled on demand), ``runtime`` (plans bound, eager
-fallbacks, padding, refused batches), ``staging`` (what a step staged). Without the variable
+fallbacks, refused batches). A step logs nothing: staging is on the hot path. Without the variable
 attnmeta configures nothing: an application's own logging setup decides, as for any library.
 """
 
@@ -18,7 +18,7 @@ import sys
 
 from .ir.errors import OptionsError
 
-PARTS = ("compile", "runtime", "staging")
+PARTS = ("compile", "runtime")
 
 
 def configure(spec: str | None = None, strict: bool = True) -> list[str]:
