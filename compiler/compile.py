@@ -154,6 +154,12 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     """Compile a backend spec (or a registered name, or ``pkg.module:SPEC``) for every (mode,
     captured bs) in ``options``."""
     options = options or CompileOptions()
+    if not isinstance(options, CompileOptions):
+        raise OptionsError(f"options must be a CompileOptions (e.g. CompileOptions(max_bs=64)), got "
+                           f"{type(options).__name__}: {options!r:.80}")
+    if not isinstance(spec_or_name, str | BackendSpec):
+        raise OptionsError(f"compile_backend takes a BackendSpec or its name ('triton', 'pkg.module:SPEC', "
+                           f"'path/to/file.py:SPEC'), got {type(spec_or_name).__name__}: {spec_or_name!r:.80}")
     spec = get_spec(spec_or_name)
     unsupported = [m for m in options.modes if m.graph_key not in spec.modes]
     if unsupported:

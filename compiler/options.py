@@ -61,6 +61,10 @@ class CompileOptions:
     force: bool = False
 
     def __attrs_post_init__(self) -> None:
+        for name in ("max_bs", "page_size", "max_context_len", "index_topk"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise OptionsError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
         if self.max_bs < 1:
             raise OptionsError(f"max_bs must be >= 1, got {self.max_bs}")
         if self.page_size < 1 or self.page_size & (self.page_size - 1):

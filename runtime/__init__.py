@@ -13,6 +13,16 @@ from .runners import DraftRunner, GraphRunner, OutputView, PiecewiseRunner, Stal
 
 def instantiate(compiled, req_to_token, device=None, planners=None, pools=None) -> CompiledAttentionBackend:
     """A compiled backend bound to an engine's pools and device (``CompiledBackend.instantiate``)."""
+    import torch
+
+    from attnmeta.compiler import OptionsError
+
+    from .graphs import _device
+
+    if not isinstance(req_to_token, torch.Tensor):
+        raise OptionsError(f"req_to_token must be the engine's pool, a 2-D integer torch.Tensor [rows, "
+                           f"max_context_len], got {type(req_to_token).__name__}")
+    device = None if device is None else _device(device)
     return CompiledAttentionBackend(compiled, req_to_token, device=device, planners=planners, pools=pools)
 
 

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from attnmeta.compiler.ir.errors import ContractError, UserError
+from attnmeta.compiler.ir.errors import ContractError, OptionsError, UserError
 from attnmeta.compiler.lowering.launch import LAUNCH_HOOK
 
 
@@ -142,5 +142,14 @@ class CudaGraph:
         self.graph.replay()
 
 
-def new_graph(device: torch.device, pool=None) -> EmulatedGraph | CudaGraph:
-    return CudaGraph(pool) if device.type == "cuda" else EmulatedGraph()
+def new_graph(device: torch.device | str, pool=None) -> EmulatedGraph | CudaGraph:
+    """A CUDA graph on a CUDA device, the emulated graph elsewhere (``device``: a torch.device or its name)."""
+    return CudaGraph(pool) if _device(device).type == "cuda" else EmulatedGraph()
+
+
+def _device(device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise OptionsError(f"device must be a torch.device or a name like 'cpu' or 'cuda:0', got {device!r} "
+                        f"({str(e).splitlines()[0][:80]})") from None

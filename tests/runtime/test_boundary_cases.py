@@ -1,6 +1,8 @@
 """The boundary holes fuzzing and review found, each a typed error naming the value and the fix (or
 the right result): batches, pools, runners, specs and ``.ir`` text."""
 
+import re
+
 import pytest
 import torch
 
@@ -173,3 +175,18 @@ def test_a_graph_replayed_after_a_smaller_batch_was_staged_reads_padding():
     ind = m.kv_indptr.tolist()
     assert [ind[k + 1] - ind[k] for k in range(4)] == [*small.seq_lens_cpu.tolist(), 1, 1]
     assert m.kv_indices[ind[2]:ind[4]].tolist() == [int(pool[0, 0])] * 2
+
+
+@pytest.mark.parametrize(("call", "says"), [
+    (lambda cb: __import__("attnmeta.runtime", fromlist=["new_graph"]).new_graph("gpu"),
+     "device must be a torch.device or a name like 'cpu'"),
+    (lambda cb: compile_backend("triton", {"max_bs": 4}), "options must be a CompileOptions"),
+    (lambda cb: CompileOptions(max_bs="8"), "max_bs must be an int, got '8'"),
+    (lambda cb: cb.instantiate([[0]]), "req_to_token must be the engine's pool"),
+    (lambda cb: cb.instantiate(make_pool(4, 64), device="gpu"), "device must be a torch.device"),
+    (lambda cb: compile_backend(42), "compile_backend takes a BackendSpec or its name"),
+])
+def test_bad_python_api_arguments_are_typed_errors(call, says):
+    cb = compile_backend("triton", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=64))
+    with pytest.raises(UserError, match=re.escape(says)):
+        call(cb)
