@@ -15,7 +15,9 @@ nodes are added, so a shape error surfaces at the line that caused it.
 from __future__ import annotations
 
 import contextlib
+import linecache
 import os
+import re
 import sys
 from collections.abc import Iterator
 
@@ -46,6 +48,24 @@ def caller_origin() -> str:
     path = os.path.abspath(f.f_code.co_filename)
     rel = os.path.relpath(path, _ROOT) if path.startswith(_ROOT) else os.path.basename(path)
     return f"{rel}:{f.f_lineno}"
+
+
+_ASSIGN = re.compile(r"^\s*([A-Za-z_]\w*)\s*=(?!=)\s*\w+\.\w+\((.*)$")
+
+
+def caller_assignment() -> str | None:
+    """The variable the spec line being built assigns, when that line is ``name = b.op(...)`` with no
+    other call on it (so the value made is the one assigned): a readable name for an unnamed value."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f = f.f_back
+    if f is None:
+        return None
+    m = _ASSIGN.match(linecache.getline(f.f_code.co_filename, f.f_lineno))
+    if m is None or "(" in m.group(2) or m.group(1) == "_":
+        return None
+    return m.group(1)
 
 
 @attrs.frozen
@@ -88,7 +108,15 @@ class SpecBuilder:
         return self._in(Region.out_graph, movable)
 
     # --- declarations ---
-    def _fresh(self, name: str | None) -> str:
+    def _fresh(self, name: str | None, derive: bool = False) -> str:
+        if name is None and derive:  # named after the variable the spec assigns it to, if that is free
+            var = caller_assignment()
+            if var is not None:
+                k, cand = 0, var
+                while cand in self._names or re.fullmatch(r"v\d+", cand):
+                    k += 1
+                    cand = f"{var}_{k}"
+                name = cand
         auto = False
         while name is None or (auto and name in self._names):
             auto = True  # auto names skip any taken one (inlined graphs bring their own)
@@ -251,7 +279,8 @@ class SpecBuilder:
         except (TypeError, ValueError, SyntaxError) as e:  # a malformed attribute (a dim that is no expression)
             raise SpecError(f"{origin}: {op.value}: {e}") from None
         self._check_shape(name or op.value, t)
-        node = Node(self._fresh(name), op, tuple(v.name for v in ins), a, t, self._region, self._movable, origin)
+        node = Node(self._fresh(name, derive=True), op, tuple(v.name for v in ins), a, t, self._region,
+                    self._movable, origin)
         self._nodes.append(node)
         return V(node.name, t, self)
 
