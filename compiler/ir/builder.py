@@ -62,7 +62,7 @@ def caller_assignment() -> str | None:
         f = f.f_back
     if f is None:
         return None
-    m = _ASSIGN.match(linecache.getline(f.f_code.co_filename, f.f_lineno))
+    m = _ASSIGN.match(linecache.getline(f.f_code.co_filename, f.f_lineno).split("#", 1)[0])
     if m is None or "(" in m.group(2) or m.group(1) == "_":
         return None
     return m.group(1)
