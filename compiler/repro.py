@@ -7,6 +7,8 @@ import json
 import os
 import tempfile
 
+import attrs
+
 from .ir import Graph, print_graph
 from .passes.registry import PassContext
 
@@ -24,6 +26,22 @@ print(run_passes(parse((here / "input.ir").read_text()), [{name!r}], ctx))
 """
 
 
+# options no pass reads: where dumps go, and how a run is checked or bisected
+_NOT_PASSES = ("dump_dir", "dump_bs", "dump_modes", "verify_each", "disabled_passes", "force")
+
+
+def options_json(o) -> dict:
+    """Every option a pass may read (the backend-specific ones too: SM count, split cap, heads, DSV4's
+    index_topk and ratios, plan_on_device), as CompileOptions(**it) takes them back."""
+    out = {}
+    for f in attrs.fields(type(o)):
+        if f.name in _NOT_PASSES:
+            continue
+        v = getattr(o, f.name)
+        out[f.name] = [m.name for m in v] if f.name == "modes" else list(v) if isinstance(v, tuple) else v
+    return out
+
+
 def write_repro(g: Graph, name: str, ctx: PassContext) -> str | None:
     """input.ir, options.json and repro.py for a failed pass, under the dump dir or the temp dir."""
     try:
@@ -31,10 +49,7 @@ def write_repro(g: Graph, name: str, ctx: PassContext) -> str | None:
         root = ctx.options.dump_dir or tempfile.gettempdir()
         d = os.path.join(root, f"attnmeta-repro-{name}-{hashlib.sha1(text.encode()).hexdigest()[:10]}")
         os.makedirs(d, exist_ok=True)
-        o = ctx.options
-        opts = {"max_bs": o.max_bs, "capture_sizes": list(o.capture_sizes), "modes": [m.name for m in o.modes],
-                "page_size": o.page_size, "max_context_len": o.max_context_len,
-                "num_draft_tokens": o.num_draft_tokens, "topk": o.topk, "num_steps": o.num_steps}
+        opts = options_json(ctx.options)
         with open(os.path.join(d, "input.ir"), "w") as f:
             f.write(text)
         with open(os.path.join(d, "options.json"), "w") as f:

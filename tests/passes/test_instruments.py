@@ -1,9 +1,11 @@
 """Instruments around the pipeline: repro bundles, disabling a pass, printing, timing."""
 
 import io
+import json
 import os
 import runpy
 
+import attrs
 import pytest
 
 from attnmeta.compiler import CompileOptions, ForwardMode, PassError, SplitError, compile_backend
@@ -20,9 +22,13 @@ def test_crashing_pass_writes_a_repro_bundle_that_reruns(tmp_path, monkeypatch):
 
     try:
         monkeypatch.setattr("attnmeta.compiler.pipeline.PER_BS_PASSES", (*PER_BS_PASSES[:1], "explode-test"))
+        opts = CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path), plan_on_device=True,
+                              num_heads=16, num_kv_heads=4, sm_count=64, max_kv_splits=4, index_topk=1024)
         with pytest.raises(PassError) as e:
-            compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path)))
+            compile_backend("flashinfer", opts)
         err = e.value
+        saved = json.load(open(os.path.join(err.repro, "options.json")))  # every option a pass reads
+        assert attrs.evolve(CompileOptions(**saved), dump_dir=str(tmp_path)) == opts
         assert err.pass_name == "explode-test" and err.ran == ["specialize-batch"]
         assert "ZeroDivisionError: boom" in str(err) and err.repro in str(err)
         assert sorted(os.listdir(err.repro)) == ["input.ir", "options.json", "repro.py"]
