@@ -81,7 +81,7 @@ def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
              "    g = torch.Generator().manual_seed(0)",
              f"    R, N, L = {R}, {N}, {L}  # pool rows, KV slots, context length"]
     expr: dict[str, str] = {"on_device": "dev", "planners": "planners"}
-    views, made = [], set()
+    views, made, drawn = [], set(), {}  # drawn: a slot's first variable (its mirror gets the same values)
     for a in (*b.const_args, *b.out_args, *b.in_args, *b.crossing, *(a for _, a in b.fields)):
         var = f"{a.kind.value}_{a.name}"
         if a.kind in (ArgKind.device, ArgKind.planners) or var in made:
@@ -103,8 +103,14 @@ def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
             if s is not None and s.kind.value in ("length", "row"):
                 lo, hi = max(lo, 1), min(hi, L if s.kind.value == "length" else R - 1)
             place = "'cpu'" if r.space.on_host else "dev"
-            lines.append(f"    {var} = torch.randint({lo}, {max(hi, lo) + 1}, {tuple(r.shape)}, generator=g)"
-                         f".to({r.dtype}).to({place})  # {s.kind.value if s else 'value'} in [{lo}, {hi}]")
+            if s is not None and id(s) in drawn:  # the device field and its host mirror: the same values
+                lines.append(f"    {var} = {drawn[id(s)]}.to({r.dtype}).to({place})  # the same batch as "
+                             f"{drawn[id(s)]}")
+            else:
+                lines.append(f"    {var} = torch.randint({lo}, {max(hi, lo) + 1}, {tuple(r.shape)}, generator=g)"
+                             f".to({r.dtype}).to({place})  # {s.kind.value if s else 'value'} in [{lo}, {hi}]")
+                if s is not None:
+                    drawn[id(s)] = var
         else:
             place = "'cpu'" if r.space.on_host else "dev"
             lines.append(f"    {var} = torch.zeros({tuple(r.shape)}, dtype={r.dtype}, device={place})")

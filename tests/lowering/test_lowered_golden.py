@@ -76,6 +76,11 @@ def test_the_dumped_lowered_file_runs_on_its_own_and_computes_the_plan(backend, 
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("\n") == len(cb.plan(ForwardMode.DECODE, 8).binding.fields)  # one line per field
     inputs, fields = runpy.run_path(str(script))["main"]()
+    for name, t in inputs.items():  # a host mirror holds the same sample batch as its device field
+        if name.endswith("_cpu") and name[:-4] in inputs:
+            assert torch.equal(t.cpu().long(), inputs[name[:-4]].cpu().long()), name
+    if "kv_indptr_host" in fields:
+        assert torch.equal(fields["kv_indptr_host"].cpu(), fields["kv_indptr"].cpu())
     plan = cb.plan(ForwardMode.DECODE, 8)
     want = eval_graph(plan.graph, inputs)
     ragged = {o.field: o.ragged_by for o in plan.graph.outputs}
