@@ -40,10 +40,19 @@ oracles: $(ORACLES)
 $(ORACLES): | $(STAMP)
 	-$(PY) -m pip download -q --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
+# The two CPU suites run side by side (each is one process; a CI machine has two cores): attnmeta's own
+# in .venv, and the engine integrations' in .venv-sglang, whose output is printed when it ends.
 test: $(STAMP) $(ORACLES) $(SGL_STAMP)
+	@echo "== ruff"
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
-	ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q -p no:cacheprovider tests/integrations
+	@echo "== the CPU suites: attnmeta's (.venv) here, the engine integrations' (.venv-sglang) beside it"
+	@mkdir -p .cache; ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q -p no:cacheprovider tests/integrations \
+	    > .cache/test-integrations.log 2>&1 & sgl=$$!; \
+	  $(PY) -m pytest -q; main=$$?; \
+	  wait $$sgl; integ=$$?; \
+	  echo "== the engine integrations (tests/integrations, .venv-sglang; full log .cache/test-integrations.log)"; \
+	  if [ $$integ -ne 0 ]; then cat .cache/test-integrations.log; else tail -n 3 .cache/test-integrations.log; fi; \
+	  exit $$(( main != 0 || integ != 0 ))
 
 sglang-venv: $(SGL_STAMP)
 
