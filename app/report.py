@@ -14,14 +14,14 @@ import re
 from attnmeta.compiler.ir import parse
 
 from . import inspect as dumps
-from .draw import svg
+from .draw import BIG, layered, svg
 
 CSS = """body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#eee}td.num{text-align:right}
 pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px;line-height:1.35}
 details{margin:4px 0}summary{cursor:pointer;font-family:monospace}.add{background:#dfd}.del{background:#fdd}
 .changed{font-weight:bold}.graph{overflow-x:auto;border:1px solid #ddd;padding:4px}a.v{color:#06c}
-h2{border-bottom:1px solid #ccc}.fit:checked+label+.graph svg{max-width:100%;height:auto}
+h2{border-bottom:1px solid #ccc}.fit:checked~.graph svg,.fit:checked~details .graph svg{max-width:100%;height:auto}
 label{font-size:13px;color:#444}"""
 
 
@@ -92,8 +92,14 @@ def _section(run: str, mode: str, bs: int | None) -> str:
     # a checkbox, not a script, switches the graph between fitted to the page and full size
     fit = (f'<input type="checkbox" class="fit" id="fit-{anchor}" checked><label for="fit-{anchor}">fit to '
            f'the page (untick for full size; hover a node for its attributes and spec line)</label>')
-    return (f'<h3>{mode}, bs {bs}</h3>{fit}<div class="graph">{svg(g)}</div>{"".join(parts)}'
-            f"<h4>generated code</h4>{code}")
+    if len(g.nodes) > BIG:  # a large graph opens collapsed to its fused kernels; the full one on demand
+        drawn = (f'<p>{len(g.nodes)} nodes: shown with each fused kernel as one box (hover it for its ops); '
+                 f'the full graph below.</p><div class="graph">{layered(g, collapsed=True)}</div>'
+                 f'<details><summary>the full graph ({len(g.nodes)} nodes)</summary><div class="graph">{svg(g)}'
+                 "</div></details>")
+    else:
+        drawn = f'<div class="graph">{svg(g)}</div>'
+    return f'<h3>{mode}, bs {bs}</h3>{fit}{drawn}{"".join(parts)}<h4>generated code</h4>{code}'
 
 
 def _failure(run: str, f: dict | None) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from attnmeta.app import draw, report
 from attnmeta.app.cli import main
-from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 # CI installs Chromium and sets this: there the browser test must run, not skip.
@@ -162,3 +162,21 @@ def test_a_failed_compile_is_dumped_inspected_and_reported(tmp_path, capsys):
                               "file://" + os.path.join(run, "report.html")], capture_output=True, text=True,
                              timeout=120)
         assert dom.returncode == 0 and 'id="violations"' in dom.stdout and "missing-fill-value" in dom.stdout
+
+
+def test_without_graphviz_edges_are_arrows_and_a_large_graph_opens_collapsed(tmp_path):
+    """The layout of our own: every edge an arrow, rows ordered to untangle them; a graph past
+    draw.BIG nodes (DSV4's) opens in the report with each fused kernel as one box, the full graph a
+    click away."""
+    cb = compile_backend("dsv4", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=1024,
+                                                dump_dir=str(tmp_path)))
+    g = cb.plan(ForwardMode.DECODE, 4).graph
+    assert len(g.nodes) > draw.BIG
+    full = draw.layered(g)
+    assert full.count("marker-end=\"url(#arrow)\"") == full.count("<path d=\"M ") - 1 > len(g.nodes)  # - the arrowhead
+    small = draw.layered(g, collapsed=True)
+    kernels = set(dict(g.kernels).values())
+    assert small.count(">fused kernel ") == len(kernels) and small.count("<rect") < len(g.nodes) // 2
+    run = os.path.realpath(tmp_path / "dsv4" / "latest")
+    page = open(report.write(run)).read()
+    assert page.index(">fused kernel ") < page.index("<summary>the full graph")
