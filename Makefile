@@ -26,10 +26,11 @@ VLLM      ?= vllm==0.33.0
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@echo "== setting up $(VENV): torch (CPU build), triton, attnmeta and its test tools"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" "$(TRITON)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq "$(TORCH)" "$(TRITON)"
+	$(PY) -m pip install -qq -e ".[dev]"
 	touch $@
 
 demo: $(STAMP)
@@ -38,7 +39,7 @@ demo: $(STAMP)
 oracles: $(ORACLES)
 
 $(ORACLES): | $(STAMP)
-	-$(PY) -m pip download -q --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
+	-$(PY) -m pip download -qq --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
 # The two CPU suites run side by side (each is one process; a CI machine has two cores): attnmeta's own
 # in .venv, and the engine integrations' in .venv-sglang, whose output is printed when it ends.
@@ -57,12 +58,14 @@ test: $(STAMP) $(ORACLES) $(SGL_STAMP)
 sglang-venv: $(SGL_STAMP)
 
 $(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORACLES)
+	@echo "== setting up $(SGL_VENV) (about 7 GB): SGLang 0.5.23 and vLLM 0.33 with the torch they pin, for the"
+	@echo "   integration tests, which drive attnmeta's backends through the engines' own classes"
 	python3 -m venv $(SGL_VENV)
-	$(SGL_PY) -m pip install -q --upgrade pip
-	$(SGL_PY) -m pip install -q $(SGL_TORCH)
-	$(SGL_PY) -m pip install -q --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
-	$(SGL_PY) -m pip install -q --no-deps "$(VLLM)"
-	$(SGL_PY) -m pip install -q -e ".[dev]"
+	$(SGL_PY) -m pip install -qq --upgrade pip
+	$(SGL_PY) -m pip install -qq $(SGL_TORCH)
+	$(SGL_PY) -m pip install -qq --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
+	$(SGL_PY) -m pip install -qq --no-deps "$(VLLM)"
+	$(SGL_PY) -m pip install -qq -e ".[dev]"
 	touch $@
 
 test-sglang: $(SGL_STAMP)
