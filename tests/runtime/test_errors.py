@@ -89,7 +89,7 @@ def test_unsupported_mode_and_bad_options():
         CompileOptions(page_size=3)
     with pytest.raises(ValueError, match="unknown forward mode 'decod'"):
         CompileOptions(modes=("decod",))
-    with pytest.raises(KeyError, match="unknown backend 'flashinfr'; available"):
+    with pytest.raises(KeyError, match=r"unknown backend 'flashinfr' \(did you mean 'flashinfer'\?\); available"):
         get_spec("flashinfr")
 
 
