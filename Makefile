@@ -65,7 +65,8 @@ $(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORAC
 	$(SGL_PY) -m pip install -qq $(SGL_TORCH)
 	$(SGL_PY) -m pip install -qq --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
 	$(SGL_PY) -m pip install -qq --no-deps "$(VLLM)"
-	$(SGL_PY) -m pip install -qq -e ".[dev]"
+	@# SGLang's and vLLM's GPU requirements are left out on purpose (installed --no-deps): pip's list of them is noise
+	$(SGL_PY) -m pip install -qq --no-warn-conflicts -e ".[dev]"
 	touch $@
 
 test-sglang: $(SGL_STAMP)

@@ -128,7 +128,8 @@ def test_demo_runs_the_drafter_with_branches(capsys):
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["compile", "triton", "--disable-pass", "fusee"], "--disable-pass fusee: no such pass (did you mean 'fuse'?); passes: verify"),
+    (["compile", "triton", "--disable-pass", "fusee"],
+     "--disable-pass fusee: no such pass (did you mean 'fuse'?); passes: verify"),
     (["compile", "triton", "--disable-pass", "check-split"], "switches off a safety check"),
     (["compile", "triton", "--disable-pass", "verify"], "add --force to do it anyway"),
     (["compile", "triton", "--disable-pass", "plan-buffers"], "cannot be disabled"),
