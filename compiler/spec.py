@@ -72,6 +72,10 @@ def get_spec(ref: str | BackendSpec) -> BackendSpec:
         return _REGISTERED[ref]
     if ":" in ref:
         return _load(ref)
+    if ref.endswith(".py") and os.path.isfile(ref):
+        names = _specs_in(_module(ref, ref))
+        raise UnknownName(f"{ref!r} is a spec file: name the spec in it, e.g. {ref}:{names[0] if names else 'SPEC'}"
+                          f" (its BackendSpecs: {', '.join(names) or 'none found'})")
     found = _installed().get(ref)
     if found is None:
         close = difflib.get_close_matches(ref, list_backends(), n=1)
@@ -81,25 +85,38 @@ def get_spec(ref: str | BackendSpec) -> BackendSpec:
     return found
 
 
-def _load(ref: str) -> BackendSpec:
-    where, _, attr = ref.rpartition(":")
+def _module(where: str, ref: str):
     try:
         if where.endswith(".py") or os.sep in where:
             if not os.path.exists(where):
-                raise UnknownName(f"no spec file {where!r} (from {ref!r})")
+                raise UnknownName(f"no spec file {where!r} (from {ref!r}); the path is read from the current "
+                                  f"directory, {os.getcwd()!r}")
             mod_name = f"attnmeta_user_{abs(hash(os.path.abspath(where)))}"
             spec = importlib.util.spec_from_file_location(mod_name, where)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+            return module
+        return importlib.import_module(where)
     except ImportError as e:
         raise UnknownName(f"cannot import {where!r} for spec {ref!r}: {e}") from None
+
+
+def _specs_in(module) -> list[str]:
+    return sorted(k for k, v in vars(module).items() if isinstance(v, BackendSpec))
+
+
+def _load(ref: str) -> BackendSpec:
+    where, _, attr = ref.rpartition(":")
+    module = _module(where, ref)
     obj = getattr(module, attr, None)
     if callable(obj) and not isinstance(obj, BackendSpec):
         obj = obj()  # a factory of a spec
     if not isinstance(obj, BackendSpec):
-        raise UnknownName(f"{ref!r} is not a BackendSpec (got {type(obj).__name__}); point at the spec object")
+        names = _specs_in(module)
+        close = difflib.get_close_matches(attr, names, n=1)
+        raise UnknownName(f"{ref!r} is not a BackendSpec (got {type(obj).__name__})"
+                          f"{f'; did you mean {where}:{close[0]}?' if close else ''}; the BackendSpecs in "
+                          f"{where}: {', '.join(names) or 'none'}")
     return obj
 
 

@@ -189,3 +189,12 @@ def test_a_mistyped_command_line_is_one_line_with_a_suggestion(argv, hint, capsy
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and hint in err and "usage:" not in err
+
+
+def test_a_spec_file_named_without_its_spec_gets_the_names_in_it(capsys):
+    ex = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "mine.py")
+    assert main(["compile", ex]) == 2
+    assert f"name the spec in it, e.g. {ex}:SPEC (its BackendSpecs: SPEC)" in capsys.readouterr().err
+    assert main(["compile", ex + ":SPECC"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"did you mean {ex}:SPEC?" in err
