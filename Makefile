@@ -38,12 +38,14 @@ demo: $(STAMP)
 
 oracles: $(ORACLES)
 
-$(ORACLES): | $(STAMP)
-	-$(PY) -m pip download -qq --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
+# downloaded with the engines' venv's pip, so the two venvs can be set up side by side
+$(ORACLES): | $(SGL_VENV)/bin/python
+	-$(SGL_PY) -m pip download -qq --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
 # The two CPU suites run side by side (each is one process; a CI machine has two cores): attnmeta's own
 # in .venv, and the engine integrations' in .venv-sglang, whose output is printed when it ends.
-test: $(STAMP) $(ORACLES) $(SGL_STAMP)
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ORACLES) $(SGL_STAMP)  # the two venvs side by side
 	@echo "== ruff"
 	$(PY) -m ruff check .
 	@echo "== the CPU suites: attnmeta's (.venv) here, the engine integrations' (.venv-sglang) beside it"
@@ -57,11 +59,13 @@ test: $(STAMP) $(ORACLES) $(SGL_STAMP)
 
 sglang-venv: $(SGL_STAMP)
 
-$(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORACLES)
+$(SGL_VENV)/bin/python:
 	@echo "== setting up $(SGL_VENV) (about 7 GB): SGLang 0.5.23 and vLLM 0.33 with the torch they pin, for the"
 	@echo "   integration tests, which drive attnmeta's backends through the engines' own classes"
 	python3 -m venv $(SGL_VENV)
 	$(SGL_PY) -m pip install -qq --upgrade pip
+
+$(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORACLES)
 	$(SGL_PY) -m pip install -qq $(SGL_TORCH)
 	$(SGL_PY) -m pip install -qq --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
 	$(SGL_PY) -m pip install -qq --no-deps "$(VLLM)"
