@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU checks the project's claims rest on, in stages that each fit one 10-minute device call on a
+# fresh H200 (tools/h200.sh sets the machine up first):
+#
+#   run(command="bash tools/h200.sh bash tools/h200_verify.sh tier engine", carry=[".whl", ".sgl"])
+#
+# Stages (each writes its log under $OUT, else /tmp/attnmeta-verify, and prints a summary line):
+#   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu), about 3 minutes
+#   engine    SGLang's real engine, every case, four at a time (tests/gpu/test_sglang_engine.py), about 4
+#   sglang    attnmeta_flashinfer beside SGLang's own FlashInfer backend (test_sglang_flashinfer.py), about 3
+#   sanitize  compute-sanitizer memcheck on the FlashInfer shapes and the Triton engine tests, alone, about 4
+#   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/attnmeta-verify}
+mkdir -p "$OUT/eng"
+T0=$(date +%s)
+since() { echo "$(( $(date +%s) - T0 ))s"; }
+summary() { grep -E "passed|failed|ERROR SUMMARY|^E  " "$1" | tail -n 4; }
+
+for stage in "$@"; do
+  case "$stage" in
+    tier)
+      python3 -m pytest -q -m cuda tests/gpu -p no:cacheprovider --ignore=tests/gpu/test_sglang_engine.py \
+        --ignore=tests/gpu/test_sglang_flashinfer.py > "$OUT/tier.log" 2>&1
+      summary "$OUT/tier.log" ;;
+    engine)
+      ATTNMETA_ENGINE_OUT="$OUT/eng" python3 -m pytest -q -m cuda -n 4 tests/gpu/test_sglang_engine.py \
+        -p no:cacheprovider > "$OUT/engine.log" 2>&1
+      summary "$OUT/engine.log" ;;
+    sglang)
+      python3 -m pytest -q -m cuda tests/gpu/test_sglang_flashinfer.py -p no:cacheprovider > "$OUT/sglang.log" 2>&1
+      summary "$OUT/sglang.log" ;;
+    sanitize)
+      compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda \
+        tests/gpu/test_flashinfer_shapes.py -p no:cacheprovider > "$OUT/memcheck_flashinfer.log" 2>&1
+      summary "$OUT/memcheck_flashinfer.log"
+      compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda tests/gpu/test_cuda_engine.py \
+        -p no:cacheprovider > "$OUT/memcheck_engine.log" 2>&1
+      summary "$OUT/memcheck_engine.log" ;;
+    bench)
+      python3 tools/bench_sglang.py --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+      grep "^|" "$OUT/bench.log" ;;
+    *)
+      echo "unknown stage $stage: tier, engine, sglang, sanitize or bench" >&2; exit 2 ;;
+  esac
+  echo "== $stage done at $(since)"
+done
