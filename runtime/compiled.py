@@ -21,7 +21,7 @@ from .bound import BoundPlan, bind
 from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
 from .planners import default_planners, with_key
-from .staging import BatchError, DeviceGuard
+from .staging import BatchError, DeviceGuard, not_a_mode
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 
@@ -93,9 +93,7 @@ class CompiledAttentionBackend(AttentionBackend):
             raw = 0 if actual.is_idle() else getattr(fb, "raw_batch_size", bs)
             b = self._bound.get((fb.forward_mode.graph_key, bs))
         except AttributeError:
-            raise BatchError(f"forward_mode must be attnmeta's ForwardMode (attnmeta.runtime.ForwardMode), got "
-                             f"{getattr(fb, 'forward_mode', None)!r} (actual_forward_mode "
-                             f"{getattr(fb, 'actual_forward_mode', None)!r}); map an engine's own mode first") from None
+            raise not_a_mode(fb) from None
         if b is None:
             if not isinstance(bs, int) or bs < 0:
                 raise BatchError(f"batch_size must be a non-negative int, got {bs!r}")

@@ -54,6 +54,14 @@ class BatchError(UserError):
     rule = "batch"
 
 
+def not_a_mode(fb) -> BatchError:
+    """The error for a batch whose mode is not attnmeta's (a string, an engine's own enum)."""
+    return BatchError(f"forward_mode must be attnmeta's ForwardMode (attnmeta.runtime.ForwardMode), got "
+                      f"{getattr(fb, 'forward_mode', None)!r} (actual_forward_mode "
+                      f"{getattr(fb, 'actual_forward_mode', None)!r}); map an engine's own mode first "
+                      "(attnmeta.integrations.sglang.attnmeta_mode for SGLang's)")
+
+
 class _Staged:
     """One slot of one plan: its views, bounds and a fast path for the common case (a contiguous
     host tensor of the slot's dtype: one memmove, then one unsigned max catches negatives too)."""
@@ -76,7 +84,7 @@ class _Staged:
             raise ValueError(f"{slot.source}: staged checks cover ranges [0 or 1, hi]; got [{self.lo}, {self.hi}]")
         self.dirty = dirty  # [n]: entries at n and beyond, to max_bs, hold the fill (shared by the mode's sizes)
         self.live, self.u_live, self.s_live = -1, None, None
-        self.raw, self.raw_top = None, 0  # a device-only field's guarded copy (DeviceGuard.feed)
+        self.raw, self.raw_top, self.field = None, 0, -1  # a device-only field's guarded copy (DeviceGuard.feed)
 
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
@@ -89,8 +97,7 @@ class _Staged:
             raise BatchError(f"{name} must hold integers (torch.int32 or torch.int64), got {src.dtype}: {why}")
         a = src.numpy().reshape(-1)[:live]  # another integer dtype: check in its own range, then narrow
         if src.dtype is torch.int64 and not self.full_range:  # an engine's int64 lengths (SGLang's, every
-            u = a.view(np.uint64)  # step): one unsigned maximum over the source checks [0, hi] before narrowing
-            if u[u.argmax()] > self.hi or (self.lo == 1 and not capture and np.count_nonzero(a) != live):
+            if self._suspect(a.view(np.uint64), a, live, capture):  # step), checked before narrowing
                 self._check(a, capture, name)  # raises, naming the row
             np.copyto(self.np[:live], a, casting="unsafe")
             return
@@ -107,11 +114,14 @@ class _Staged:
         else:
             if live != self.live:  # batch sizes repeat: keep the views of the last size's live rows
                 self.live, self.u_live, self.s_live = live, self.unp[:live], self.np[:live]
-            u = self.u_live
-            bad = u[u.argmax()] > self.hi or (self.lo == 1 and not capture and
-                                             np.count_nonzero(self.s_live) != live)
+            bad = self._suspect(self.u_live, self.s_live, live, capture)
         if bad:
             self._check(self.np[:live], capture, name)
+
+    def _suspect(self, u: np.ndarray, signed: np.ndarray, live: int, capture: bool) -> bool:
+        """Whether ``live`` values (``u`` read as unsigned, ``signed`` as they are) may leave [lo, hi]: one
+        unsigned maximum checks both ends of [0, hi]; a pool row also must not be 0 (reserved)."""
+        return bool(u[u.argmax()] > self.hi or (self.lo == 1 and not capture and np.count_nonzero(signed) != live))
 
     def _check(self, a: np.ndarray, capture: bool, name: str) -> None:
         lo = 0 if capture and self.slot.kind is Kind.row else self.lo
@@ -168,8 +178,11 @@ class DeviceGuard:
         """``src``'s ``live`` values (any integer dtype) into ``s``'s guarded buffer, rows past them the
         sentinel; a capture batch's rows (the engine's dummy ones) are not checked: all sentinel."""
         raw = s.raw
-        if raw is None:
+        if raw is None:  # the slot's first step: its buffer, and its name in the flag
             raw = s.raw = torch.full((s.dev.numel(),), SENTINEL, dtype=torch.int64, device=self.device)
+            if name not in self.names:
+                self.names.append(name)
+            s.field = self.names.index(name)
         if capture:
             live = 0
         if live:
@@ -177,10 +190,8 @@ class DeviceGuard:
         if s.raw_top > live:  # rows a larger step left
             raw[live:s.raw_top].fill_(SENTINEL)
         s.raw_top = live
-        if name not in self.names:
-            self.names.append(name)
         self.used = True
-        return s, total, self.names.index(name)
+        return s, total, s.field
 
     def apply(self, entries: list[tuple]) -> None:
         """Check and narrow the fed values into the graph's buffers (device work, recorded in a graph
@@ -233,6 +244,7 @@ class Stager:
         self.guard = guard or DeviceGuard(device)
         self.guarded: list[tuple] = []  # this step's device-only checked fields, for in_graph
         self.recorded: list[tuple] | None = None  # what the captured graph checks (set at capture)
+        self._recorded_ids: frozenset = frozenset()
         self.fast = generate(self)
 
     def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
@@ -298,10 +310,9 @@ class Stager:
             g.raise_pending("this step")
             return
         if capture:
-            self.recorded = list(self.guarded)
-        elif self.recorded is not None:
-            fed = {id(e[0]) for e in self.guarded}
-            g.apply([e for e in self.guarded if id(e[0]) not in {id(r[0]) for r in self.recorded}])
+            self.recorded, self._recorded_ids = list(self.guarded), frozenset(id(e[0]) for e in self.guarded)
+        elif self.recorded is not None and (fed := frozenset(id(e[0]) for e in self.guarded)) != self._recorded_ids:
+            g.apply([e for e in self.guarded if id(e[0]) not in self._recorded_ids])
             for s, total, field in self.recorded:
                 if id(s) not in fed:
                     live = raw * s.per_row

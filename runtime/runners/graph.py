@@ -22,7 +22,7 @@ from ..backend import AttentionBackend
 from ..forward import ForwardBatch, ReplayView
 from ..graphs import new_graph
 from ..models import DecodeModel
-from ..staging import BatchError
+from ..staging import BatchError, not_a_mode
 
 log = logging.getLogger("attnmeta.runtime")
 
@@ -111,9 +111,7 @@ class GraphRunner:
 
     def _step(self, fb: ForwardBatch, q: torch.Tensor) -> torch.Tensor:
         if not isinstance(fb.forward_mode, ForwardMode):
-            raise BatchError(f"forward_mode must be attnmeta's ForwardMode (attnmeta.runtime.ForwardMode), got "
-                             f"{fb.forward_mode!r}; map an engine's own mode first (attnmeta.integrations.sglang."
-                             "attnmeta_mode for SGLang's)")
+            raise not_a_mode(fb)
         key = fb.forward_mode.graph_key
         raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
         if q.shape[0] < raw:
