@@ -21,7 +21,7 @@ SGL_STAMP := $(SGL_VENV)/.installed
 SGL_TORCH ?= torch==2.14.1 torchvision==0.29.1
 VLLM      ?= vllm==0.33.0
 
-.PHONY: setup demo test test-slow test-sglang sglang-venv lint clean oracles
+.PHONY: setup demo test test-slow test-sglang sglang-venv lint clean oracles disk-check
 
 setup: $(STAMP)
 
@@ -44,7 +44,7 @@ $(ORACLES): | $(SGL_VENV)/bin/python
 
 # The two CPU suites run side by side (each is one process; a CI machine has two cores): attnmeta's own
 # in .venv, and the engine integrations' in .venv-sglang, whose output is printed when it ends.
-test:
+test: disk-check
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ORACLES) $(SGL_STAMP)  # the two venvs side by side
 	@echo "== ruff"
 	$(PY) -m ruff check .
@@ -57,7 +57,16 @@ test:
 	  if [ $$integ -ne 0 ]; then cat .cache/test-integrations.log; else tail -n 3 .cache/test-integrations.log; fi; \
 	  exit $$(( main != 0 || integ != 0 ))
 
-sglang-venv: $(SGL_STAMP)
+sglang-venv: disk-check $(SGL_STAMP)
+
+# Setting the venvs up needs room (about 2 GB for .venv, 9 GB for .venv-sglang while pip unpacks torch);
+# a full disk otherwise surfaces as pip's OSError halfway through. Checked before anything is installed.
+disk-check:
+	@need=0; [ -f $(STAMP) ] || need=$$((need + 2)); [ -f $(SGL_STAMP) ] || need=$$((need + 9)); \
+	  free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  if [ $$free -lt $$need ]; then \
+	    echo "make: setting up the venvs needs about $$need GB free here; $$free GB are. Free some disk space and re-run." >&2; \
+	    exit 1; fi
 
 $(SGL_VENV)/bin/python:
 	@echo "== setting up $(SGL_VENV) (about 7 GB): SGLang 0.5.23 and vLLM 0.33 with the torch they pin, for the"
