@@ -13,7 +13,7 @@
 A backend with a host planner (flashinfer) runs, in both the compiled and the
 eager column, FlashInfer's real ``plan()`` where FlashInfer is installed on a
 GPU (graph-mode decode wrapper for compiled, a plain one for eager; 32 query
-and 8 KV heads of 128, bf16), else the CPU stand-in of ``runtime/planners.py``;
+and 8 KV heads of 128, bf16), else the CPU stand-in of ``planners/reference.py``;
 the table's title says which, so a stand-in is never measured silently.
 
 Host time is measured around each step without synchronising (the device
@@ -35,6 +35,7 @@ from attnmeta.backends.dsv4_compress import speculative
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
+from attnmeta.runtime.planning import Site
 
 from .table import table
 
@@ -116,7 +117,7 @@ def planner_label(planner: str) -> str:
         return (f"planner: FlashInfer {flashinfer.__version__}; compiled: {compiled}; eager: plan() every step "
                 "(graph-mode wrapper)")
     if planner == "stand-in":
-        return ("planner: STAND-IN (runtime/planners.py, CPU bookkeeping; not FlashInfer's plan() cost, "
+        return ("planner: STAND-IN (planners/reference.py, CPU bookkeeping; not FlashInfer's plan() cost, "
                 "which needs FlashInfer on a GPU)")
     return "planner: none (no host planner in this backend)"
 
@@ -128,14 +129,14 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
     if not mode.is_decode():
         return _eager_prefill_step(eager, planner, dev, max_bs, mode)
     if planner == "stand-in":
-        from attnmeta.runtime.planners import ReferenceDecodePlanner
+        from attnmeta.planners.reference import ReferenceDecodePlanner
 
-        plan = ReferenceDecodePlanner()
+        plan, site = ReferenceDecodePlanner(), Site.detached("flashinfer.decode_plan", mode, max_bs)
 
         def step(fb):
             m = eager.init_forward_metadata(fb)
             for indptr, _ in _host_plans(m):
-                plan(indptr, torch.ones(indptr.shape[0] - 1, dtype=torch.int32), key="plan")
+                plan(site, indptr, torch.ones(indptr.shape[0] - 1, dtype=torch.int32))
         return step
     import flashinfer
 
@@ -155,7 +156,7 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
 def _workspace(mode) -> int:
     """FlashInfer's workspace: SGLang's default for decode; the prefill wrapper's split-KV scratch for
     D query rows per request at bs 256 needs more (about 600 MiB on an H200)."""
-    from attnmeta.runtime.flashinfer_adapter import WORKSPACE_BYTES
+    from attnmeta.planners.flashinfer import WORKSPACE_BYTES
 
     return WORKSPACE_BYTES if mode.is_decode() else 1 << 30
 
@@ -174,9 +175,9 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
     FlashInfer packs the drafter's tree mask, handed over on the device as engines do."""
     verify = mode.is_target_verify()
     if planner == "stand-in":
-        from attnmeta.runtime.planners import ReferencePrefillPlanner
+        from attnmeta.planners.reference import ReferencePrefillPlanner
 
-        plan = ReferencePrefillPlanner()
+        plan = functools.partial(ReferencePrefillPlanner(), Site.detached("flashinfer.prefill_plan", mode, max_bs))
     else:
         import flashinfer
 
@@ -185,7 +186,7 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
         ones = torch.ones(max_bs, dtype=torch.int32, device=dev if verify else "cpu")
         mask = torch.ones(max_bs * D * (eager.req_to_token.shape[1] + D), dtype=torch.bool, device=dev)
 
-        def plan(qo, kv, key=""):
+        def plan(qo, kv):
             n = D * int(kv[-1]) if verify else 0
             if verify:  # as engines call it: indptrs on the device, FlashInfer packs the mask and reads them back
                 qo, kv = qo.to(dev), kv.to(dev)
@@ -196,14 +197,14 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
     def step(fb):
         m = eager.init_forward_metadata(fb)
         qo = torch.arange(0, (fb.batch_size + 1) * D, D, dtype=torch.int32)
-        plan(qo, m.kv_indptr_host, key="plan")
+        plan(qo, m.kv_indptr_host)
     return step
 
 
 def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE, pools=None):
     be = compiled.instantiate(pool, device=dev, pools=pools)
     if planner.startswith("flashinfer"):
-        from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS, workspace_bytes=_workspace(mode),
                                 planner="host" if planner == "flashinfer-host" else "device")

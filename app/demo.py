@@ -15,10 +15,10 @@ from attnmeta.backends.eager import get_eager
 from attnmeta.backends.eager.compare import compare_metadata, padded
 from attnmeta.backends.eager.dsv4 import swa_table
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DecodeModel, DraftModel, DraftRunner, GraphRunner
-from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool, dsv4_attention_from_pool
-from attnmeta.runtime.models import DSV4Model
-from attnmeta.runtime.serving import ServingSim
+from attnmeta.sim import DecodeModel, DraftModel, DraftRunner, GraphRunner
+from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool, dsv4_attention_from_pool
+from attnmeta.sim.models import DSV4Model
+from attnmeta.sim.serving import ServingSim
 
 
 @attrs.define

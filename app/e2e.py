@@ -25,7 +25,8 @@ import torch
 
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
-from attnmeta.runtime import DecodeModel, ForwardMode, ReplayView
+from attnmeta.runtime import ForwardMode, ReplayView
+from attnmeta.sim import DecodeModel
 
 from .bench import HEADS, _batches
 
@@ -89,12 +90,12 @@ def _one_size(bs: int, world) -> dict:
     dev, rows, L = pool.device, pool.shape[0], pool.shape[1]
     be = compiled.instantiate(pool, device=dev)
     if backend == "flashinfer":
-        from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS)
     xqa = None
     if backend == "flashattention":
-        from attnmeta.runtime.flashinfer_adapter import XQADecode
+        from attnmeta.planners.flashinfer import XQADecode
 
         xqa = XQADecode(dev)
     model = DecodeModel(k, v, compiled.options.max_bs, L, page_size=compiled.options.page_size, q_heads=HEADS[0],
@@ -132,8 +133,7 @@ def _one_size(bs: int, world) -> dict:
             else:
                 dst[: src.numel()].copy_(src, non_blocking=True)
         if backend == "flashinfer":
-            be.planning = be.bound(ForwardMode.DECODE, bs)
-            be.planners["flashinfer.decode_plan"](m.kv_indptr_host, torch.ones(bs, dtype=torch.int32))
+            be.bound(ForwardMode.DECODE, bs).calls["plan"](m.kv_indptr_host, torch.ones(bs, dtype=torch.int32))
         g_attn.replay()
 
     # attention alone over each step's real metadata (staged untimed): the capture batch's short

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
-from attnmeta.runtime.planners import DEVICE_PLANNER, DEVICE_PREFILL_PLANNER, PLANNER, PREFILL_PLANNER
+from attnmeta.planners.flashinfer import DEVICE_PLANNER, DEVICE_PREFILL_PLANNER, PLANNER, PREFILL_PLANNER, standins
 
 from .common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, verify_headroom, verify_mask
 
@@ -38,20 +38,22 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         if not on_device:
             host["kv_indptr_host"] = b.cumsum(seq_lens_cpu, name="kv_indptr_host")
         last_page_len_host = b.full(1, ["bs"], I32, Placement.host, name="kv_last_page_len_host")
-        plan = b.host_call(DEVICE_PLANNER if on_device else PLANNER, *host.values(), last_page_len_host, name="plan")
+        plan = b.host_call(DEVICE_PLANNER if on_device else PLANNER, *host.values(), last_page_len_host, name="plan",
+                           binds=dict(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len))
     b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len, plan=plan,
               ragged={"kv_indices": "kv_indptr"}, **host)
     return b.build()
 
 
-def _prefill_plan(b: SpecBuilder, qo_host, kv_lens_cpu, on_device: bool) -> tuple[object, dict]:
-    """The prefill planner node, in out_graph: from the host indptrs, or (plan_on_device) from the
-    constant query indptr alone. Returns it and the host kv indptr field, if any."""
+def _prefill_plan(b: SpecBuilder, qo_host, kv_lens_cpu, on_device: bool, binds: dict) -> tuple[object, dict]:
+    """The prefill planner node, in out_graph, planning into ``binds``: from the host indptrs, or
+    (plan_on_device) from the constant query indptr alone. Returns it and the host kv indptr field,
+    if any."""
     with b.out_graph():
         if on_device:
-            return b.host_call(DEVICE_PREFILL_PLANNER, qo_host, name="plan"), {}
+            return b.host_call(DEVICE_PREFILL_PLANNER, qo_host, name="plan", binds=binds), {}
         kv_host = b.cumsum(kv_lens_cpu, name="kv_indptr_host")
-        return b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan"), {"kv_indptr_host": kv_host}
+        return b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan", binds=binds), {"kv_indptr_host": kv_host}
 
 
 def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False) -> Graph:
@@ -69,7 +71,9 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on
     with b.out_graph():
         qo_host = b.arange("bs + 1", step=D, placement=Placement.host, name="qo_indptr_host")
         kv_lens_cpu = None if on_device else b.ewise("add", seq_lens_cpu, D)
-    plan, host = _prefill_plan(b, qo_host, kv_lens_cpu, on_device)
+    plan, host = _prefill_plan(b, qo_host, kv_lens_cpu, on_device, dict(
+        qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
+        custom_mask=custom_mask))
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
               custom_mask=custom_mask, kv_last_page_len=last_page_len, plan=plan, ragged={"kv_indices": "kv_indptr"},
               **host)
@@ -89,7 +93,8 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_tok
         last_page_len = b.full(1, ["bs"], I32, name="kv_last_page_len")
     with b.out_graph():
         qo_host = b.arange("bs + 1", step=T, placement=Placement.host, name="qo_indptr_host")
-    plan, host = _prefill_plan(b, qo_host, seq_lens_cpu, on_device)
+    plan, host = _prefill_plan(b, qo_host, seq_lens_cpu, on_device, dict(
+        qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len))
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
               qo_indptr_host=qo_host, plan=plan, ragged={"kv_indices": "kv_indptr"}, **host)
     return b.build()
@@ -110,7 +115,8 @@ def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
     with b.out_graph():
         qo_host = b.cumsum(ext_cpu, name="qo_indptr_host")
         kv_host = b.cumsum(prefix_cpu, name="kv_indptr_host")
-        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan")
+        plan = b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan", binds=dict(
+            qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len))
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
               qo_indptr_host=qo_host, kv_indptr_host=kv_host, plan=plan, ragged={"kv_indices": "kv_indptr"})
     return b.build()
@@ -119,4 +125,4 @@ def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
 MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND)
 SPEC = BackendSpec("flashinfer", build, MODES,
                    doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()",
-                   headroom=verify_headroom)
+                   headroom=verify_headroom, planners=standins())

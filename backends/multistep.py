@@ -108,4 +108,5 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpe
         return b.build()
 
     return BackendSpec(f"multistep_{inner.name}", build, (ForwardMode.DECODE,),
-                       doc=f"S draft-decode steps x topk branches of {inner.name}", headroom=headroom)
+                       doc=f"S draft-decode steps x topk branches of {inner.name}", headroom=headroom,
+                       planners=inner.planners)

@@ -55,4 +55,4 @@ def tbo(inner: BackendSpec) -> BackendSpec:
         return b.build()
 
     return BackendSpec(f"tbo_{inner.name}", build, inner.modes, doc=f"two-batch overlap around {inner.name}",
-                       headroom=inner.headroom)
+                       headroom=inner.headroom, planners=inner.planners)

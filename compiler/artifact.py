@@ -24,6 +24,7 @@ import inspect
 import json
 import os
 import pickle
+import sys
 import time
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
@@ -36,8 +37,7 @@ from .pipeline import lower_stages
 from .spec import BackendSpec, get_spec
 
 FORMAT = 1
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attnmeta's source tree
-PLAN_CODE = ("compiler", "backends", "runtime")  # what a plan depends on (not the CLI, not the tests)
+COMPILER = os.path.dirname(os.path.abspath(__file__))  # the compiler's own source tree
 
 
 class ArtifactError(UserError):
@@ -51,18 +51,29 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def spec_code(spec: BackendSpec) -> str:
+    """The source folder of the package the spec is defined in (its helpers live there; a spec file
+    of its own, outside a package, is hashed as the spec's source alone)."""
+    module = sys.modules.get(spec.build.__module__)
+    package = getattr(module, "__package__", None)
+    pkg_file = getattr(sys.modules.get(package), "__file__", None) if package else None
+    return os.path.dirname(os.path.abspath(pkg_file)) if pkg_file else ""
+
+
 @functools.cache
-def code_hash() -> str:
-    """Every Python file of attnmeta: passes or lowering that changed make an artifact stale."""
+def code_hash(*trees: str) -> str:
+    """Every Python file of the compiler and of ``trees`` (the spec's package): passes, lowering or a
+    spec helper that changed make an artifact stale. The runtime and planners are not hashed: what
+    they read of a plan (its Binding) is the compiler's."""
     h = hashlib.sha256()
-    walked = [w for part in PLAN_CODE for w in os.walk(os.path.join(PACKAGE, part))]
-    for root, _, files in sorted(walked):
-        for f in sorted(files):
-            if f.endswith(".py"):
-                path = os.path.join(root, f)
-                h.update(os.path.relpath(path, PACKAGE).encode())
-                with open(path, "rb") as fh:
-                    h.update(fh.read())
+    for top in (COMPILER, *(t for t in trees if t)):
+        for root, _, files in sorted(os.walk(top)):
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(root, f)
+                    h.update(os.path.relpath(path, os.path.dirname(top)).encode())
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
     return h.hexdigest()
 
 
@@ -86,7 +97,8 @@ def key(spec: BackendSpec, options: CompileOptions) -> dict:
     with open(src, "rb") as f:
         spec_hash = hashlib.sha256(f.read()).hexdigest()
     parts = {"format": FORMAT, "attnmeta": _version("attnmeta"), "torch": torch.__version__,
-             "triton": triton.__version__, "code": code_hash(), "spec": spec.name, "spec_source": spec_hash,
+             "triton": triton.__version__, "code": code_hash(spec_code(spec)), "spec": spec.name,
+             "spec_source": spec_hash,
              "options": _options_dict(options)}
     parts["hash"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return parts

@@ -106,8 +106,9 @@ class CompiledBackend:
     def instantiate(self, req_to_token, device=None, planners=None, pools=None):
         """Bind pools (``req_to_token`` and any other the spec reads, e.g. ``full_to_swa``) and a
         device: an AttentionBackend with its static buffers allocated once. The runtime that does
-        it is the installed ``attnmeta.runtime`` (an entry point: the compiler never imports it)."""
-        return load_plugin("attnmeta.runtime", "instantiate")(self, req_to_token, device=device, planners=planners,
+        it is what the installed package registers as ``attnmeta.instantiate`` (an entry point: the compiler
+        never imports the runtime)."""
+        return load_plugin("attnmeta.instantiate", "default")(self, req_to_token, device=device, planners=planners,
                                                               pools=pools)
 
 

@@ -1,7 +1,7 @@
 """BackendSpec (what a backend declares once) and the registry that finds specs by name.
 
 The compiler knows no backend. Specs reach it three ways: ``register_backend(spec)``; packages
-that declare an ``attnmeta.backends`` entry point (a ``name -> BackendSpec`` mapping, as
+that declare an ``attnmeta.specs`` entry point (a ``name -> BackendSpec`` mapping, as
 attnmeta's own backends package does); and references to a user's code, ``pkg.module:SPEC`` or
 ``path/to/mine.py:SPEC``. The layers above plug into this one; it never imports them.
 """
@@ -13,7 +13,7 @@ import functools
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 
 import attrs
@@ -33,10 +33,13 @@ class BackendSpec:
     # Columns a step of this mode reads past seq_lens (verify drafts, a multi-step drafter's slots);
     # specs declare seq_lens' bound from it (L - headroom), and the runtime refuses longer sequences.
     headroom: Callable[[ForwardMode, CompileOptions], int] = lambda mode, options: 0
+    # The planners its host_calls name, as stand-ins a backend gets unless the caller passes its own:
+    # target -> a zero-argument factory (a fresh planner per instantiated backend).
+    planners: Mapping[str, Callable[[], object]] = attrs.field(factory=dict, eq=False)
 
 
 _REGISTERED: dict[str, BackendSpec] = {}
-GROUP = "attnmeta.backends"
+GROUP = "attnmeta.specs"
 
 
 def register_backend(spec: BackendSpec, replace: bool = False) -> BackendSpec:
@@ -121,8 +124,8 @@ def _load(ref: str) -> BackendSpec:
 
 
 def load_plugin(group: str, name: str):
-    """The object an installed package registers under entry point ``group``/``name`` (the runtime's
-    ``instantiate`` under ``attnmeta.runtime``)."""
+    """The object an installed package registers under entry point ``group``/``name`` (the
+    runtime's ``instantiate`` as ``attnmeta.instantiate``/``default``)."""
     for ep in entry_points(group=group, name=name):
         return ep.load()
     raise InternalError(f"no {group}:{name} entry point: attnmeta is not installed (pip install -e .)")

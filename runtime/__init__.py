@@ -1,14 +1,13 @@
-"""attnmeta.runtime: the contract, the compiled backend, graphs and the runners."""
+"""attnmeta.runtime: the contract, the compiled backend, staging, checks and graphs (the core: no
+planner and no engine of its own; FlashInfer's planners live in attnmeta.planners, the demo engine
+in attnmeta.sim)."""
 
 from attnmeta.compiler.modes import ForwardMode
 
-from .attention import decode_attention_loop, paged_decode_attention
 from .backend import AttentionBackend
 from .compiled import BatchError, CompiledAttentionBackend, StaleBufferError
 from .forward import ForwardBatch, ReplayView
 from .graphs import CaptureSyncError, CudaGraph, EmulatedGraph, new_graph
-from .models import DecodeModel, DraftModel
-from .runners import DraftRunner, GraphRunner, OutputView, PiecewiseRunner, StaleOutputError
 
 
 def instantiate(compiled, req_to_token, device=None, planners=None, pools=None) -> CompiledAttentionBackend:
@@ -27,8 +26,6 @@ def instantiate(compiled, req_to_token, device=None, planners=None, pools=None) 
 
 
 __all__ = [
-    "AttentionBackend", "BatchError", "CaptureSyncError", "CompiledAttentionBackend", "CudaGraph", "DecodeModel",
-    "DraftModel", "DraftRunner", "EmulatedGraph", "ForwardBatch", "ForwardMode", "GraphRunner", "OutputView",
-    "PiecewiseRunner", "ReplayView", "StaleBufferError", "StaleOutputError", "decode_attention_loop", "instantiate",
-    "new_graph", "paged_decode_attention",
+    "AttentionBackend", "BatchError", "CaptureSyncError", "CompiledAttentionBackend", "CudaGraph", "EmulatedGraph",
+    "ForwardBatch", "ForwardMode", "ReplayView", "StaleBufferError", "instantiate", "new_graph",
 ]

@@ -1,9 +1,10 @@
 """A plan bound to a backend's buffers: argument lists by kind, the stager, the field namespace.
 
 Binding happens once per (mode, bs): every argument of the plan's modules becomes a view of the
-backend's static memory (or a pool, the device, the planners), the plan's own constants are
-evaluated, and ``meta`` (what ``forward_metadata`` is) holds views of the field buffers. A step
-then only stages, runs out_graph, and (captured or not) runs in_graph on the same tensors.
+backend's static memory (or a pool, the device, the planner calls), each planner gets its site
+(runtime/planning.py), the plan's own constants are evaluated, and ``meta`` (what
+``forward_metadata`` is) holds views of the field buffers. A step then only stages, runs out_graph,
+and (captured or not) runs in_graph on the same tensors.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Space
 
 from .buffers import Buffers, allocate, view
+from .planning import Site, make_site, planner_call
 from .staging import Stager, _Staged
 
 
@@ -30,9 +32,27 @@ class BoundPlan:
     in_args: list
     crossing: list[torch.Tensor]
     meta: SimpleNamespace
+    # device work planners add after the metadata graph, recorded with it (FlashInfer's mask packing)
+    after_in: list
+    sites: dict[str, Site]  # planner node -> its site
+    calls: dict  # planner node -> its planner bound to its site (what out_graph calls)
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
-    # device work a planner adds after the metadata graph, recorded with it (FlashInfer's mask packing)
-    after_in: list = attrs.Factory(list)
+
+    def field(self, name: str) -> torch.Tensor:
+        """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
+        v = getattr(self.meta, name, None)
+        if not isinstance(v, torch.Tensor):
+            tensors = sorted(k for k, x in vars(self.meta).items() if isinstance(x, torch.Tensor))
+            raise KeyError(f"plan {self.binding.graph} has no field {name!r} with a buffer; fields: {tensors}")
+        return v
+
+    def rebind_planner(self, target: str, planners: dict) -> None:
+        """Every site of planner ``target`` to ``planners[target]``, with fresh state."""
+        for s in self.binding.sites:
+            if s.target == target:
+                site = self.sites[s.node]
+                site.state.clear()
+                self.calls[s.node] = planner_call(planners, site, len(s.inputs))
 
     @property
     def mode(self):
@@ -56,11 +76,12 @@ class BoundPlan:
             setattr(self.meta, field, val)
 
 
-def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.device, env: dict,
-         event: list, dirty: dict, guard=None) -> BoundPlan:
-    """Views for every argument of ``plan``; runs the plan's own constants once."""
-    b = plan.binding
+def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict, guard=None) -> BoundPlan:
+    """Views for every argument of ``plan``, a site for each of its planners; runs the plan's own
+    constants once."""
+    b, device, env = plan.binding, backend.device, backend.env
     local = allocate(dict(b.local_bytes), device)
+    calls: dict = {}
 
     def value(a: Arg):
         k = a.kind
@@ -69,7 +90,7 @@ def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.devi
         if k is ArgKind.device:
             return device
         if k is ArgKind.planners:
-            return planners
+            return calls
         if k is ArgKind.view:
             src = pools[a.of] if a.of is not None else buffers.view(a.region)
             return src[a.start : a.stop]
@@ -90,6 +111,9 @@ def bind(plan, buffers: Buffers, pools: dict, planners: dict, device: torch.devi
     meta = SimpleNamespace(**{f: value(a) for f, a in b.fields})
     for f in b.planned:
         setattr(meta, f, None)  # set by the planner before every step
+    hooks: list = []
+    sites = {s.node: make_site(s, b.mode, b.bs, backend, value, hooks) for s in b.sites}
+    calls.update({s.node: planner_call(backend.planners, sites[s.node], len(s.inputs)) for s in b.sites})
     return BoundPlan(plan, b, Stager(slots, copies, event, device, guard), plan.out_gm.forward,
                      [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
-                     [value(a) for a in b.crossing], meta)
+                     [value(a) for a in b.crossing], meta, hooks, sites, calls)

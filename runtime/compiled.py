@@ -20,7 +20,6 @@ from .backend import AttentionBackend
 from .bound import BoundPlan, bind
 from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
-from .planners import default_planners, with_key
 from .staging import BatchError, DeviceGuard, not_a_mode
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
@@ -37,13 +36,13 @@ class CompiledAttentionBackend(AttentionBackend):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._pools = {"req_to_token": req_to_token, **(pools or {})}
         self.env = check_pools(compiled.pools, self._pools)  # R and N, from the pools' shapes
-        self.planners = {**default_planners(), **{k: with_key(f) for k, f in (planners or {}).items()}}
+        # the spec's stand-ins (made fresh for this backend), then the caller's
+        self.planners = {**{t: make() for t, make in compiled.spec.planners.items()}, **(planners or {})}
         self.check_addresses = check_addresses
         self.max_bs = compiled.options.max_bs
         self.buffers = Buffers(compiled.layout, self.device)
         self._bound: dict[tuple, BoundPlan] = {}
         self._current: BoundPlan | None = None
-        self.planning: BoundPlan | None = None  # planners that bind device buffers (FlashInfer) read its views
         self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
         self._dirty: dict = {}  # staging region -> rows that may hold live values (the rest hold the fill)
         self._guard = DeviceGuard(self.device)  # device-only fields' checks, reported one step late (staging.py)
@@ -65,6 +64,19 @@ class CompiledAttentionBackend(AttentionBackend):
         self._pools.update(pools)
         self._bound.clear()
 
+    def set_planner(self, target: str, planner) -> None:
+        """Serve planner ``target`` (a spec's ``host_call`` name) with ``planner``, called
+        ``planner(site, *host_inputs)``; plans bound already move to it, each site with fresh state.
+        Before capture only: a captured graph reads what the old planner planned."""
+        captured = [b.binding.graph for b in self._bound.values() if b.capture is not None and
+                    any(s.target == target for s in b.binding.sites)]
+        if captured:
+            raise StaleBufferError(f"planner {target!r} cannot change: graphs {captured} captured what the current one "
+                                   "planned; set planners before capture (or instantiate and capture again)")
+        self.planners[target] = planner
+        for b in self._bound.values():
+            b.rebind_planner(target, self.planners)
+
     def bound(self, mode, bs: int) -> BoundPlan:
         key = (mode.graph_key, bs)
         b = self._bound.get(key)
@@ -80,8 +92,7 @@ class CompiledAttentionBackend(AttentionBackend):
             if plan is None:  # a size compiled neither for capture nor as max_bs: compile it now, once
                 log.info("%s batch of %d rows: no plan compiled ahead, compiling it", key[0].name.lower(), bs)
                 plan = self.compiled.specialize(key[0], bs)
-            b = self._bound[key] = bind(plan, self.buffers, self._pools, self.planners, self.device, self.env,
-                                        self._event, self._dirty, self._guard)
+            b = self._bound[key] = bind(plan, self, self.buffers, self._pools, self._event, self._dirty, self._guard)
             log.debug("bound plan %s", b.binding.graph)
         return b
 
@@ -106,7 +117,6 @@ class CompiledAttentionBackend(AttentionBackend):
         except BatchError as e:
             log.info("refused a %s batch: %s", fb.forward_mode.name.lower(), e)
             raise
-        self.planning = b
         b.run_out_graph()
         if in_capture:
             b.capture = capture_record(b)
@@ -126,5 +136,5 @@ class CompiledAttentionBackend(AttentionBackend):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
         b.stager.apply_guards()  # the device-only fields' checks, recorded with the kernels
         b.in_fn(*b.in_args)
-        for fn in b.after_in:
+        for fn in b.after_in:  # planners' device work (FlashInfer's partition, its mask packing)
             fn()

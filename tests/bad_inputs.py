@@ -81,8 +81,8 @@ def _plan_on_device_with(version: str):
     stand-in of tests/fake_flashinfer.py): the first step plans."""
     from unittest import mock
 
+    from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
     from attnmeta.runtime import ReplayView
-    from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
     from tests import fake_flashinfer
     from tests.batches import make_batch
 

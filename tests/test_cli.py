@@ -106,7 +106,7 @@ def test_dsv4_attention_oracle_is_hand_checkable():
     full 128-token block: with one key per set made dominant, the output is that key's value."""
     import torch
 
-    from attnmeta.runtime.attention import dsv4_attention_from_pool
+    from attnmeta.sim.attention import dsv4_attention_from_pool
 
     row = torch.arange(300, dtype=torch.int32)  # token j in slot j: pages 0 and 1
     f2s = torch.arange(300, dtype=torch.int32)

@@ -1,27 +1,34 @@
 """Imports go one way: compiler.ir <- the compiler's base modules <- passes <- lowering <- the
-compiler's front door <- runtime <- backends <- integrations <- app. A test walks every import statement (those
-inside functions too) and every importlib call with a literal name, and fails on an import circle
-or on a lower layer importing a higher one."""
+compiler's front door <- runtime <- planners <- backends <- integrations, app and sim. A test walks
+every import statement (those inside functions too) and every importlib call with a literal name,
+and fails on an import circle or on a lower layer importing a higher one. The compiler reaches
+the layers above only through entry points named for a role: no string in its code (a module it
+loads, an import line it writes into a generated script, a folder it hashes) names one."""
 
 import ast
 import pathlib
+import re
 
 import networkx as nx
 
 ROOT = pathlib.Path(__file__).parent.parent
-PACKAGES = {"compiler": "attnmeta.compiler", "runtime": "attnmeta.runtime", "backends": "attnmeta.backends",
-            "integrations": "attnmeta.integrations", "app": "attnmeta.app"}
+PACKAGES = {"compiler": "attnmeta.compiler", "runtime": "attnmeta.runtime", "planners": "attnmeta.planners",
+            "backends": "attnmeta.backends", "integrations": "attnmeta.integrations", "app": "attnmeta.app",
+            "sim": "attnmeta.sim"}
 LAYERS = [  # (module prefix, layer): the longest matching prefix decides
     ("attnmeta.compiler.ir", 0),
     ("attnmeta.compiler.modes", 1), ("attnmeta.compiler.options", 1),
     ("attnmeta.compiler.passes", 2),
     ("attnmeta.compiler.lowering", 3),
     ("attnmeta.compiler", 4),  # spec registry, instruments, repro, pipeline, compile, the package's front door
-    ("attnmeta.runtime", 5),
-    ("attnmeta.backends", 6),
-    ("attnmeta.integrations", 7),  # engine adapters (SGLang): above the backends they serve
-    ("attnmeta.app", 8),
+    ("attnmeta.runtime", 5),  # the core: contract, compiled backend, binding, staging, checks, graphs
+    ("attnmeta.planners", 6),  # host planners (FlashInfer's, the stand-ins): the runtime's planner seam
+    ("attnmeta.backends", 7),  # specs (they name their planners) and eager twins
+    ("attnmeta.integrations", 8),  # engine adapters (SGLang, vLLM): above the backends they serve
+    ("attnmeta.sim", 8),  # the demo engine, beside the engine adapters
+    ("attnmeta.app", 9),  # the CLI, demos and benchmarks drive the demo engine
 ]
+HIGHER = [f for f, _ in PACKAGES.items() if f != "compiler"]
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -89,3 +96,44 @@ def test_the_walk_sees_what_it_should():
     assert ("attnmeta.runtime.compiled", "attnmeta.compiler.lowering.binding") in g.edges  # absolute
     assert ("attnmeta.app.cli", "attnmeta.app.demo") in g.edges  # inside a function
     assert layer("attnmeta.compiler.ir.ops") == 0 and layer("attnmeta.compiler.compile") == 4
+
+
+def string_edges(root: pathlib.Path = ROOT) -> list[str]:
+    """Strings in the compiler's code that name a higher layer: a dotted module (``attnmeta.runtime``,
+    ``attnmeta.planners.x``), or a source folder as a path part (``"runtime/x"``) or among other
+    folders (``("compiler", "backends")``). Docstrings and comments may speak of them; code may not."""
+    dotted = re.compile(rf"\battnmeta\.({'|'.join(HIGHER)})\b")
+    found = []
+    for f in sorted((root / "compiler").rglob("*.py")):
+        tree = ast.parse(f.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(
+            n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef) and n.body and isinstance(
+            n.body[0], ast.Expr) and isinstance(getattr(n.body[0], "value", None), ast.Constant)}
+        folders = set()  # a tuple or list of source folders ("compiler", "backends"): a tree walked by name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Tuple | ast.List):
+                names = [e for e in node.elts if isinstance(e, ast.Constant) and e.value in PACKAGES]
+                folders |= {id(e) for e in names if len(names) > 1 and e.value in HIGHER}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docs:
+                continue
+            v = node.value
+            path = "/" in v and any(p in HIGHER for p in v.split("/"))
+            if dotted.search(v) or path or id(node) in folders:
+                found.append((f.relative_to(root), node.lineno, f"{f.relative_to(root)}:{node.lineno}: {v[:80]!r}"))
+    return [e for *_, e in sorted(found)]
+
+
+def test_the_compiler_names_no_higher_layer_in_code():
+    edges = string_edges()
+    assert not edges, "the compiler names a higher layer in a string:\n" + "\n".join(f"  {e}" for e in edges)
+
+
+def test_the_string_walk_sees_what_it_should(tmp_path):
+    """The string check is not vacuous: it finds the three kinds of edge it is for."""
+    bad = tmp_path / "compiler" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text('"""Speaks of attnmeta.runtime: allowed."""\nload("attnmeta.runtime", "x")\n'
+                   'line = "from attnmeta.planners.reference import y"\nPARTS = ("compiler", "backends")\n')
+    assert [e.split(": ", 1)[0] for e in string_edges(tmp_path)] == [
+        "compiler/bad.py:2", "compiler/bad.py:3", "compiler/bad.py:4"]

@@ -4,8 +4,8 @@ import torch
 from timing import median_us
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.planners.flashinfer import FlashInferDecodeAdapter, pack_mask
 from attnmeta.runtime import ForwardBatch, ReplayView
-from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter, pack_mask
 
 
 def t(fn):
@@ -30,8 +30,9 @@ def parts(bs: int) -> None:
     be.init_forward_metadata_out_graph(fb, in_capture=True)
     qo = torch.arange(0, (bs + 1) * D, D, dtype=torch.int32)
     kv = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(seq + D, 0, dtype=torch.int32)])
-    w = ad.prefill_wrapper("plan")
-    mask, ones, empty = be.bound(V, bs).meta.custom_mask, torch.ones(bs, dtype=torch.int32), w.attnmeta_empty_indices
+    site = be.bound(V, bs).sites["plan"]
+    w = ad.prefill_wrapper(site)
+    mask, ones, empty = site.field("custom_mask"), torch.ones(bs, dtype=torch.int32), site.state["empty"]
     out, ind = w._custom_mask_buf, w._mask_indptr_buf
     rows = {"out_graph (stage + plan)": lambda: be.init_forward_metadata_out_graph(ReplayView.of(fb, bs)),
             "pack_mask (in the graph, issued eagerly)":

@@ -25,7 +25,7 @@ import attrs
 
 from .errors import UserError
 from .graph import Graph, Input, Kind, Node, Output, Role
-from .ops import AttrValue, Op, ShapeError, coerce_attrs, infer
+from .ops import AttrValue, Binds, Op, ShapeError, coerce_attrs, infer
 from .types import DType, Placement, Region, TensorType, dim
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -244,8 +244,17 @@ class SpecBuilder:
     def copy(self, x: V, name=None) -> V:
         return self.op(Op.copy, x, name=name)
 
-    def host_call(self, target: str, *ins: V, name=None) -> V:
-        return self.op(Op.host_call, *ins, target=target, name=name)
+    def host_call(self, target: str, *ins: V, binds: dict[str, V] | None = None, name=None) -> V:
+        """A host planner ``target`` run out of graph on the host values ``ins``, planning into the
+        fields ``binds`` names (role -> a value bound as a field): the runtime hands the planner
+        those fields' static buffers, by role, as its site."""
+        pairs = []
+        for role, v in (binds or {}).items():
+            if not isinstance(v, V) or v.owner is not self:
+                raise SpecError(f"{caller_origin()}: host_call {target!r} binds {role!r} to {v!r}, not a value of "
+                                f"spec {self.name!r}")
+            pairs.append((role, v.name))
+        return self.op(Op.host_call, *ins, target=target, binds=Binds(tuple(pairs)), name=name)
 
     def inline(self, g: Graph, inputs: dict[str, V], bs=None, prefix: str = "",
                subs: dict[str, object] | None = None, rewrite=None) -> dict[str, V]:
@@ -260,15 +269,22 @@ class SpecBuilder:
         if bs is not None:
             sub[SYMBOLS["bs"]] = dim(bs)
         env = {i.name: inputs[i.name] for i in g.inputs}
+        planners = []  # (index here, node): binds name values that may come later in g's order
         for n in g.nodes:
             a = {k: norm_attr(v.xreplace(sub) if hasattr(v, "xreplace") else
                               tuple(d.xreplace(sub) for d in v) if isinstance(v, tuple) else v)
                  for k, v in n.attrs}
             name = prefix + n.name
             ins = [env[x] for x in n.inputs]
+            if n.op is Op.host_call:
+                planners.append(len(self._nodes))
             with self._in(n.region, n.movable):  # a name taken here already gets a fresh one
                 env[n.name] = self._op_at(n.op, rewrite(n, ins) if rewrite else ins, a,
                                           None if name in self._names else name, n.origin)
+        for k in planners:  # a planner's binds follow its fields to their names here
+            node = self._nodes[k]
+            binds = node.a["binds"].rename(lambda v: env[v].name)
+            self._nodes[k] = attrs.evolve(node, attrs=tuple((a, binds if a == "binds" else x) for a, x in node.attrs))
         return {o.field: env[o.value] for o in g.outputs}
 
     def _op_at(self, op: Op, ins: list[V], a: dict, name: str | None, origin: str) -> V:

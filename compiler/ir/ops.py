@@ -20,7 +20,24 @@ from .errors import ShapeError
 from .fns import EWISE, REDUCE
 from .types import DType, Dynamic, Placement, TensorType, dim
 
-AttrValue = int | bool | str | sympy.Expr | Dynamic | DType | tuple
+
+@attrs.frozen
+class Binds:
+    """What a planner (``host_call``) plans into: role -> the IR value of a metadata field. Values,
+    not field names, so inlining (TBO children, MultiStep steps) and CSE rename them like inputs;
+    lowering turns each into the field's static buffer, handed to the planner as its site."""
+
+    pairs: tuple[tuple[str, str], ...] = ()
+
+    def values(self) -> tuple[str, ...]:
+        return tuple(v for _, v in self.pairs)
+
+    def rename(self, new) -> Binds:
+        """``new(value) -> value``: the same roles on renamed values."""
+        return Binds(tuple((r, new(v)) for r, v in self.pairs))
+
+
+AttrValue = int | bool | str | sympy.Expr | Dynamic | DType | tuple | Binds
 Attrs = dict[str, AttrValue]
 
 
@@ -249,8 +266,9 @@ OPS: dict[Op, OpInfo] = {
     Op.to_device: OpInfo(1, {}, _to(Placement.device), lambda ins, a: ins[0].clone(), False,
                          doc="host to device copy: an H2D inside capture is illegal"),
     Op.nonzero: OpInfo(1, {}, _infer_nonzero, lambda ins, a: torch.nonzero(ins[0]).flatten(), False, syncs=True),
-    Op.host_call: OpInfo(None, {"target": str}, _infer_host_call, lambda ins, a: None, False,
-                         doc="opaque host planner (e.g. FlashInfer plan); runs out of graph"),
+    Op.host_call: OpInfo(None, {"target": str, "binds": Binds}, _infer_host_call, lambda ins, a: None, False,
+                         doc="opaque host planner (e.g. FlashInfer plan) over host inputs, planning into the "
+                             "fields of binds; runs out of graph"),
     Op.slice: OpInfo(1, {"start": _DIM, "stop": _DIM}, ix.infer_slice, ix.ref_slice, True,
                      doc="static row range x[start:stop] (slice-to-bs, TBO children)"),
     Op.split_at: OpInfo(2, {}, ix.infer_split_at, ix.ref_split_at, False,

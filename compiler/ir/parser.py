@@ -12,7 +12,7 @@ import sympy
 
 from .errors import Diagnostic, UserError
 from .graph import Buffer, Graph, Input, Kind, Node, Output, Role, Space, Use
-from .ops import OPS, Op
+from .ops import OPS, Binds, Op
 from .types import DType, Dynamic, Placement, Region, TensorType, dim
 
 
@@ -160,6 +160,15 @@ def _attr(c: _Cursor, op: Op, key: str, at: int):
         return c.enum(DType, "a dtype")
     if ty is Placement:
         return c.enum(Placement, "a placement")
+    if ty is Binds:
+        start = (c.ws(), c.i)[1]
+        try:
+            pairs, c.i = json.JSONDecoder().raw_decode(c.line, start)
+        except json.JSONDecodeError:
+            c.fail('expected a JSON object of "role": "value"', start)
+        if not isinstance(pairs, dict) or not all(isinstance(v, str) for v in pairs.values()):
+            c.fail('binds maps each role to a value name: {"kv_indptr": "kv_indptr"}', start)
+        return Binds(tuple(pairs.items()))
     if ty is tuple:
         start = (c.ws(), c.i)[1]
         raw = c.until_any(",}") if not c.peek("[") else c.match(re.compile(r"\[[^\]]*\]"), "a [list]")
@@ -215,6 +224,8 @@ def _node(c: _Cursor) -> Node:
             if not c.take(","):
                 c.expect("}", "',' or '}' after an attribute")
                 break
+    if op is Op.host_call:
+        a.setdefault("binds", Binds())  # a planner that plans into no field may leave binds out
     c.expect(":", "':' before the result type")
     t = c.type()
     region = c.enum(Region, "a region (in_graph or out_graph)")

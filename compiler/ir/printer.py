@@ -7,7 +7,7 @@ import json
 import sympy
 
 from .graph import Buffer, Graph, Input, Kind, Node, Output
-from .ops import AttrValue
+from .ops import AttrValue, Binds
 from .types import DType, Dynamic, Placement, TensorType, dim_str
 
 
@@ -24,6 +24,8 @@ def fmt_attr(v: AttrValue) -> str:
         return json.dumps(dim_str(v))
     if isinstance(v, tuple):
         return json.dumps([dim_str(d) for d in v])
+    if isinstance(v, Binds):
+        return json.dumps(dict(v.pairs), separators=(", ", ": "))
     raise TypeError(f"cannot print attribute {v!r}")
 
 
@@ -49,8 +51,9 @@ def fmt_input(i: Input) -> str:
 def fmt_node(n: Node, kernel: str = "") -> str:
     args = ", ".join(f"%{x}" for x in n.inputs)
     s = f"  %{n.name} = {n.op.value}({args})"
-    if n.attrs:
-        s += " {" + ", ".join(f"{k}={fmt_attr(v)}" for k, v in n.attrs) + "}"
+    shown = [(k, v) for k, v in n.attrs if v != Binds()]  # a planner binding no field: the parser's default
+    if shown:
+        s += " {" + ", ".join(f"{k}={fmt_attr(v)}" for k, v in shown) + "}"
     s += f" : {fmt_type(n.type)} {n.region.value}"
     if n.movable:
         s += " movable"

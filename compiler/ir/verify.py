@@ -6,7 +6,7 @@ import sympy
 
 from .errors import Diagnostic, UserError
 from .graph import Graph, Kind, Role
-from .ops import ShapeError, infer
+from .ops import Op, ShapeError, infer
 from .types import SYMBOLS, Dynamic, TensorType
 
 
@@ -89,6 +89,13 @@ def verify(g: Graph) -> Graph:
             problems.append(f"output field {o.field} is bound twice")
         if o.ragged_by is not None and o.ragged_by not in fields:
             problems.append(f"output {o.field} is ragged_by {o.ragged_by}, which is not an output field")
+    bound = {o.value for o in g.outputs}
+    for n in g.nodes:
+        if n.op is Op.host_call:
+            for role, v in n.a["binds"].pairs:
+                if v not in bound:
+                    problems.append(f"planner %{n.name} binds {role} to %{v}, which is no metadata field"
+                                    f"{_where(n.origin)}; a planner plans into fields: bind it with b.outputs too")
     problems += _layout_problems(g, types)
     if problems:
         raise VerifyError(g.name, sorted(set(problems), key=problems.index))

@@ -63,7 +63,7 @@ class ArgKind(enum.Enum):
     host = "host"  # a static host buffer an out_graph host value is written into
     view = "view"  # rows [start, stop) of another argument (a TBO child's batch rows)
     device = "device"  # the torch device
-    planners = "planners"  # the host planners (name -> callable)
+    planners = "planners"  # the plan's planner calls: host_call node -> its planner bound to its site
 
 
 @attrs.frozen
@@ -76,6 +76,24 @@ class Arg:
     of: str | None = None  # view: the argument it slices
     start: int = 0
     stop: int = 0
+
+
+@attrs.frozen
+class PlannerSite:
+    """One planner (``host_call``) of a plan, typed like the buffers: what it is called on, what it
+    plans into (role -> the field's argument, from the spec's ``binds``) and which field its
+    result becomes. The runtime hands the planner these fields' views as its site."""
+
+    node: str  # the host_call node (``plan``; ``tbo0_plan``, ``step2_plan`` once inlined)
+    target: str  # the planner's name (``flashinfer.decode_plan``)
+    inputs: tuple[Arg, ...]  # its host operands, in call order
+    binds: tuple[tuple[str, Arg], ...]
+    field: str | None  # the metadata field set to its result every step
+
+    def describe(self) -> str:
+        binds = ", ".join(f"{r}={a.name}" for r, a in self.binds) or "no field"
+        return (f"  planner {self.node} -> {self.target}({', '.join(a.name for a in self.inputs)}) plans into "
+                f"{binds}{f'; result is field {self.field}' if self.field else ''}")
 
 
 @attrs.frozen
@@ -127,6 +145,7 @@ class Binding:
     planned: tuple[str, ...]  # fields set from the out_graph results after the crossings (planner results)
     fields: tuple[tuple[str, Arg], ...]  # every other field: the static argument holding it
     local_bytes: tuple[tuple[Space, int], ...]  # this plan's own constant buffers, allocated at bind
+    sites: tuple[PlannerSite, ...] = ()  # its planners, in out_graph order
 
     def describe(self) -> str:
         """Everything the runtime binds, one line each: what a reader checks against the code."""
@@ -139,6 +158,7 @@ class Binding:
             lines += [f"  {label} arg {_arg(a)}" for a in args]
         lines += [f"  field {f} = {_arg(a)}" for f, a in self.fields]
         lines += [f"  field {f} = planner result, set every step" for f in self.planned]
+        lines += [s.describe() for s in self.sites]
         return "\n".join(lines) + "\n"
 
 

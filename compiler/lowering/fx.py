@@ -27,8 +27,9 @@ from ..ir import Graph, Node, Op, Region, Role
 from ..ir.ops import CONST_OPS
 from ..ir.types import DType, Placement
 from ..modes import ForwardMode
-from .binding import Arg, ArgKind, Binding
+from .binding import Arg, ArgKind, Binding, PlannerSite
 from .kernels import KERNELS
+from .memo import Memo
 from .places import LoweringError, Places
 
 DEVICE, PLANNERS = "on_device", "planners"  # placeholder names (fx prints a torch.device as device(...))
@@ -114,14 +115,11 @@ class _Builder:
         # generates a handful of modules, not 512.
         key = tuple((n.op, n.target, n.name, fx.node.map_arg((n.args, n.kwargs), lambda a: a.name))
                     for n in self.g.nodes)
-        gm = _MODULES.get(key)
-        if gm is None:
-            gm = _MODULES[key] = fx.GraphModule(torch.nn.Module(), self.g)
-        return gm
+        return _MODULES.get(key, lambda: fx.GraphModule(torch.nn.Module(), self.g))
 
 
-_MODULES: dict[tuple, fx.GraphModule] = {}
-_LAUNCHERS: dict[tuple, object] = {}
+_MODULES = Memo("fx modules", 4096)
+_LAUNCHERS = Memo("fused kernel launchers", 4096)
 
 
 def _launcher(g: Graph, group: list[str], outs: list[str]):
@@ -134,9 +132,8 @@ def _launcher(g: Graph, group: list[str], outs: list[str]):
     # the batch size is read off a per-row argument at launch, so sizes share one launcher
     row = fk.args.index(fk.row_arg)
     key = (fk.source, tables, row)
-    if key not in _LAUNCHERS:
-        _LAUNCHERS[key] = _make_launcher(load(fk), dict(fk.meta), len(fk.args), tables, row, fk.fn_name)
-    return fk, _LAUNCHERS[key]
+    return fk, _LAUNCHERS.get(key, lambda: _make_launcher(load(fk), dict(fk.meta), len(fk.args), tables, row,
+                                                          fk.fn_name))
 
 
 def _group(g: Graph, group: list[str], stored: list[str], fk, triton_run):
@@ -206,9 +203,10 @@ class _Skeleton:
     planned: tuple[str, ...]
     fields: tuple[tuple[str, Arg], ...]
     kernels: tuple
+    sites: tuple[PlannerSite, ...]
 
 
-_SKELETONS: dict[tuple, _Skeleton] = {}
+_SKELETONS = Memo("lowering skeletons", 4096)
 
 
 def _columns(g: Graph) -> tuple:
@@ -239,9 +237,7 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
     key = (mode, tuple((n.name, n.op, n.inputs, n.region, () if n.name in shared else n.attrs) for n in g.nodes),
            tuple((i.name, i.role, i.type.placement, i.type.dtype) for i in g.inputs),
            tuple((o.field, o.value) for o in g.outputs), g.kernels, local, _columns(g))
-    sk = _SKELETONS.get(key)
-    if sk is None:
-        sk = _SKELETONS[key] = _skeleton(g, places, consts, local, views)
+    sk = _SKELETONS.get(key, lambda: _skeleton(g, places, consts, local, views))
     local_regions = places.locals(local)
     nodes = g.producers()
 
@@ -258,7 +254,9 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
     binding = Binding(mode, g.env["bs"], g.name, places.slots(), places.copies(),
                       tuple(map(at, sk.out_args)), tuple(map(at, sk.in_args)), tuple(map(at, sk.const_args)),
                       tuple(map(at, sk.crossing)), sk.planned, tuple((f, at(a)) for f, a in sk.fields),
-                      places.local_bytes(local_regions))
+                      places.local_bytes(local_regions),
+                      tuple(attrs.evolve(s, inputs=tuple(map(at, s.inputs)),
+                                         binds=tuple((r, at(a)) for r, a in s.binds)) for s in sk.sites))
     return LoweredPlan(g, sk.out_gm, sk.in_gm, sk.const_gm, binding, sk.kernels)
 
 
@@ -341,13 +339,42 @@ def _skeleton(g: Graph, places: Places, consts, local, views) -> _Skeleton:
         else:  # a per-size constant, or a host batch input
             meta.append((o.field, resolve(o.value)))
     in_gm = ib.module([])
+    sites = _sites(g, out_nodes, dict(meta), planned, resolve, places)
 
     cb = _Builder(resolve)
     for c in local:
         cb.call(g.node(c), out=cb.arg(f"const__{c}", Arg(c, ArgKind.const, Q("local", c))))
     const_gm = cb.module([])
     return _Skeleton(out_gm, in_gm, const_gm, tuple(ob.args), tuple(ib.args), tuple(cb.args),
-                     tuple(resolve(x) for x in crossing), planned, tuple(meta), tuple(kernels))
+                     tuple(resolve(x) for x in crossing), planned, tuple(meta), tuple(kernels), sites)
+
+
+def _sites(g: Graph, out_nodes, meta: dict[str, Arg], planned, resolve, places) -> tuple[PlannerSite, ...]:
+    """Each planner with the arguments of what it reads and of the fields its ``binds`` name."""
+    first = {}  # value -> the first field bound to it (the buffer a planner's binding views)
+    for o in g.outputs:
+        first.setdefault(o.value, o.field)
+    result = {o.value: o.field for o in g.outputs if o.field in planned}
+    computed = {n.name for n in out_nodes}
+
+    def operand(x: str) -> Arg:  # a static host buffer, a batch input or constant, else a per-step value
+        if places.host(x) is not None:
+            return Arg(x, ArgKind.host, Q("host", x))
+        return Arg(x, ArgKind.host) if x in computed else resolve(x)
+
+    out = []
+    for n in out_nodes:
+        if n.op is not Op.host_call:
+            continue
+        ins = tuple(operand(x) for x in n.inputs)
+        binds = []
+        for role, v in n.a["binds"].pairs:
+            f = first.get(v)
+            if f not in meta:  # the verifier makes it a field; one a planner sets is no buffer to plan into
+                raise LoweringError(f"{g.name}: planner %{n.name} binds {role} to %{v}, which is no static field")
+            binds.append((role, meta[f]))
+        out.append(PlannerSite(n.name, n.a["target"], ins, tuple(binds), result.get(n.name)))
+    return tuple(out)
 
 
 def lower_init(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, int]) -> tuple[fx.GraphModule,

@@ -10,7 +10,6 @@ import torch
 
 from ..ir import OPS, Op
 from ..ir import ops_index as ix
-from ..ir.errors import UnknownName
 from ..ir.ops import EWISE, REDUCE
 from . import triton_kernels
 
@@ -98,15 +97,11 @@ def k_nonzero(x, out=None):
     return torch.nonzero(x).flatten()
 
 
-def k_host_call(planners: Mapping[str, Callable], target: str, *args, key: str = ""):
-    """``key`` names the calling node (``plan``, ``step2_plan``, ``tbo0_plan``): a planner that binds
-    device buffers (FlashInfer's graph-mode wrappers) finds the fields it plans for by it."""
-    try:
-        fn = planners[target]
-    except KeyError:
-        raise UnknownName(f"no planner bound for host_call target {target!r}; bound: {sorted(planners)}; pass it "
-                          "to instantiate(planners={...})") from None
-    return fn(*args, key=key)
+def k_host_call(calls: Mapping[str, Callable], target: str, *args, key: str = ""):
+    """``calls`` maps each planner node of the plan (``key``: ``plan``, ``step2_plan``, ``tbo0_plan``)
+    to its planner, bound to the node's site when the plan was bound; ``target`` names it in
+    tracebacks and dumps."""
+    return calls[key](*args)
 
 
 def _into(r, out):

@@ -143,8 +143,10 @@ def standalone(plan) -> str:
     def call(args) -> str:
         return ", ".join(expr[a.name] for a in args)
 
-    main = ["", "", "def main():", *setup, "    from attnmeta.runtime.planners import default_planners", "",
-            "    planners = default_planners()"]
+    calls = ", ".join(f"{s.node!r}: lambda *inputs: ({s.target!r}, [tuple(t.shape) for t in inputs])"
+                      for s in b.sites)
+    main = ["", "", "def main():", *setup,
+            f"    planners = {{{calls}}}  # each planner node's stand-in: what it was called on"]
     cargs = [n.target for n in consts.graph.nodes if n.op == "placeholder"]
     main.append(f"    values = constants({', '.join(expr.get(c, c) for c in cargs)})")
     filled = set()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..ir import Graph
+from ..ir import Graph, Op
 from .dce import EFFECTFUL
 from .registry import PassContext, register_pass
 
@@ -11,7 +11,7 @@ from .registry import PassContext, register_pass
 def cse(g: Graph, ctx: PassContext) -> Graph:
     """Requires a verified graph. Merges nodes computing the same op on the
     same inputs with the same attributes in the same region; uses and
-    outputs are redirected to the first. Planners are never merged."""
+    outputs (and planners' binds) are redirected to the first. Planners are never merged."""
     seen: dict[tuple, str] = {}
     rename: dict[str, str] = {}
     nodes = []
@@ -26,5 +26,7 @@ def cse(g: Graph, ctx: PassContext) -> Graph:
         nodes.append(n2)
     if not rename:
         return g
+    nodes = [attrs.evolve(n, attrs=tuple((k, v.rename(lambda x: rename.get(x, x)) if k == "binds" else v)
+                                         for k, v in n.attrs)) if n.op is Op.host_call else n for n in nodes]
     outputs = tuple(attrs.evolve(o, value=rename.get(o.value, o.value)) for o in g.outputs)
     return attrs.evolve(g, nodes=tuple(nodes), outputs=outputs)

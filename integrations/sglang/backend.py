@@ -83,7 +83,7 @@ def device_planned(planner: str) -> bool:
     (``seq_lens_cpu`` is None), and then a host planner would have nothing to plan from."""
     if planner != "device":
         return False
-    from attnmeta.runtime.flashinfer_adapter import DEVICE_PLAN_VERSIONS, _flashinfer, _version
+    from attnmeta.planners.flashinfer import DEVICE_PLAN_VERSIONS, _flashinfer, _version
 
     return _version(_flashinfer()) in DEVICE_PLAN_VERSIONS
 
@@ -175,7 +175,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
                                   plan_on_device=device_planned(planner))
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
         self._view.draft_width = wanted.num_draft_tokens
-        from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, self.num_head, self.num_kv_head, self.head_dim,
                                                q_dtype=mc.dtype, kv_dtype=self.flashinfer_kv_cache_dtype,
@@ -194,9 +194,8 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
     def _before_staging(self, v, in_capture: bool) -> None:
         if v.forward_mode.is_target_verify():  # FlashInfer's plan() (and the device packer) read the bound mask
             src = checked_mask(v, self.attnmeta.compiled.options.num_draft_tokens, in_capture)
-            buf = getattr(self.attnmeta.bound(v.forward_mode, v.batch_size).meta, "custom_mask", None)
-            if src is not None and buf is not None:
-                copy_mask(src, buf)
+            if src is not None:  # the spec's verify mask field, which its planner binds as custom_mask
+                copy_mask(src, self.attnmeta.bound(v.forward_mode, v.batch_size).field("custom_mask"))
 
     def _shape(self, m, v):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata, PrefillMetadata

@@ -92,7 +92,7 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         super().__init__(model_runner, topk, speculative_num_steps)
         from sglang.srt.runtime_context import get_parallel
 
-        from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 
         c, mc = self.attn_backends[0], model_runner.model_config
         if self.draft_window_size > 0 or c.num_wrappers != 1:

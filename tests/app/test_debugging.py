@@ -98,7 +98,8 @@ def test_logs_name_every_runtime_event(caplog):
     import torch
 
     from attnmeta.compiler import logs  # noqa: F401
-    from attnmeta.runtime import BatchError, DecodeModel, ForwardBatch, ForwardMode, GraphRunner
+    from attnmeta.runtime import BatchError, ForwardBatch, ForwardMode
+    from attnmeta.sim import DecodeModel, GraphRunner
     from tests.batches import make_batch, make_pool
 
     del logs

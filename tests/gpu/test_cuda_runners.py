@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DraftModel, DraftRunner
-from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
-from attnmeta.runtime.runners import BreakableGraph
+from attnmeta.sim import DraftModel, DraftRunner
+from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool
+from attnmeta.sim.runners import BreakableGraph
 from tests.batches import make_batch, make_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -69,7 +69,7 @@ def test_draft_runner_with_branches_on_cuda():
 
 def test_piecewise_runner_on_cuda():
     from attnmeta.compiler import ForwardMode
-    from attnmeta.runtime.runners import PiecewiseRunner
+    from attnmeta.sim.runners import PiecewiseRunner
 
     dev = torch.device("cuda")
     cb = compile_backend("flashinfer", CompileOptions(max_bs=8, capture_sizes=(8,), max_context_len=L,

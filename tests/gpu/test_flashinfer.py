@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.runtime import DecodeModel, ForwardBatch, GraphRunner
-from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
-from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
+from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+from attnmeta.runtime import ForwardBatch
+from attnmeta.sim import DecodeModel, GraphRunner
+from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool
 from tests.batches import make_batch, make_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -46,16 +47,16 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
             rel = (out.float().cpu() - want).norm() / want.norm()
             assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 7
-    on_device = [w.attnmeta_device is not None for w in adapter.wrappers.values()]
+    on_device = [s.state["device"] is not None for s in adapter.sites]
     assert on_device == [planner != "host"] * len(on_device)  # every wrapper took the path asked for
-    assert all(w.attnmeta_lean is not None for w in adapter.wrappers.values()) == (planner == "host")
+    assert all(s.state["lean"] is not None for s in adapter.sites) == (planner == "host")
 
 
 @pytest.mark.parametrize("topk", [1, 2])
 def test_multistep_draft_steps_through_flashinfer(topk):
     """The drafter's S steps (and K branches), one graph-mode wrapper per step on that step's
     buffers, captured and replayed: each branch attends to its prefix plus its own drafts."""
-    from attnmeta.runtime import DraftModel, DraftRunner
+    from attnmeta.sim import DraftModel, DraftRunner
 
     dev, S, sizes = torch.device("cuda"), 3, (4, 16)
     pool = make_pool(ROWS, L, seed=5, device=dev)

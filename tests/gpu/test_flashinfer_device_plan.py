@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+from attnmeta.planners.flashinfer_plan import live_regions
 from attnmeta.runtime import ForwardBatch
-from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
-from attnmeta.runtime.flashinfer_plan import live_regions
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -28,7 +28,7 @@ def test_device_partition_equals_flashinfer_plan_each_step(kind):
     req_to_token = torch.arange(ROWS * L, dtype=torch.int32, device=dev).view(ROWS, L)
     be = cb.instantiate(req_to_token, device=dev)
     # verify at bs 256 and 32k: FlashInfer's split-KV scratch for 1024 query rows outgrows the default
-    FlashInferDecodeAdapter(be, H, HKV, HD, use_tensor_cores=kind != "cuda-cores", workspace_bytes=1 << 30)
+    adapter = FlashInferDecodeAdapter(be, H, HKV, HD, use_tensor_cores=kind != "cuda-cores", workspace_bytes=1 << 30)
     rng = random.Random(7)
     for step in range(16):
         bs = SIZES[step % len(SIZES)]
@@ -41,17 +41,19 @@ def test_device_partition_equals_flashinfer_plan_each_step(kind):
         be.init_forward_metadata_out_graph(fb)
         be.init_forward_metadata_in_graph(fb)  # the metadata graph, then the device planner after it
         m = be.forward_metadata
-        w, planner = m.plan, m.plan.attnmeta_device
+        w = m.plan
+        state = adapter.site_of(w).state
+        planner = state["device"]
         assert planner is not None, "the adapter fell back to FlashInfer's host planner"
         torch.cuda.synchronize()
         mine = w._int_workspace_buffer.clone()
         ones = torch.ones(bs, dtype=torch.int32)
         if mode is ForwardMode.DECODE:  # FlashInfer's own plan of this step, on the same wrapper
-            w.plan(m.kv_indptr_host, w.attnmeta_empty_indices, ones, H, HKV, HD, 1, q_data_type=torch.bfloat16,
+            w.plan(m.kv_indptr_host, state["empty"], ones, H, HKV, HD, 1, q_data_type=torch.bfloat16,
                    kv_data_type=torch.bfloat16)
         else:
             qo = torch.arange(0, D * bs + 1, D, dtype=torch.int32)
-            w.plan(qo, m.kv_indptr_host, w.attnmeta_empty_indices, ones, H, HKV, HD, 1,
+            w.plan(qo, m.kv_indptr_host, state["empty"], ones, H, HKV, HD, 1,
                    packed_custom_mask=w._custom_mask_buf, causal=False, q_data_type=torch.bfloat16,
                    kv_data_type=torch.bfloat16)
         torch.cuda.synchronize()
@@ -65,8 +67,8 @@ def test_long_context_attention_through_the_device_planner(tensor_cores):
     """Captured and replayed to 32k tokens, the partition planned in the graph: FlashInfer attention
     within 1e-2 of the fp32 oracle read from the pool, with sequences long enough that the chunk
     search splits them into many KV chunks next to one-token ones."""
-    from attnmeta.runtime import DecodeModel, GraphRunner
-    from attnmeta.runtime.attention import attention_from_pool
+    from attnmeta.sim import DecodeModel, GraphRunner
+    from attnmeta.sim.attention import attention_from_pool
     from tests.batches import make_pool
 
     dev, rows, sizes = torch.device("cuda"), 10, (1, 8)
@@ -92,4 +94,4 @@ def test_long_context_attention_through_the_device_planner(tensor_cores):
         rel = (out.float().cpu() - want).norm() / want.norm()
         assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 4
-    assert all(w.attnmeta_device is not None for w in adapter.wrappers.values())
+    assert all(s.state["device"] is not None for s in adapter.sites)

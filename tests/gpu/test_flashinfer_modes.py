@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 from attnmeta.runtime import ForwardBatch, ReplayView
-from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter
 from tests.batches import make_pool
 from tests.oracles import masked_attention_from_pool
 
@@ -86,7 +86,7 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode, planner):
         got = obuf[: raw * D].float()
         rel = float((got - want).norm() / want.norm())
         assert rel < 1e-2, (step, raw, bs, rel)
-    assert all((w.attnmeta_device is not None) == (planner != "host") for w in adapter.wrappers.values())
+    assert all((s.state["device"] is not None) == (planner != "host") for s in adapter.sites)
 
 
 def test_a_tbo_child_without_rows_is_not_planned():

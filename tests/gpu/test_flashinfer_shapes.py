@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.planners.flashinfer import FlashInferDecodeAdapter, run_decode
 from attnmeta.runtime import ForwardBatch, new_graph
-from attnmeta.runtime.attention import attention_from_pool
-from attnmeta.runtime.flashinfer_adapter import FlashInferDecodeAdapter, run_decode
+from attnmeta.sim.attention import attention_from_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -83,7 +83,7 @@ def test_sglang_shaped_batches_every_size_back_to_back(P, heads, host_rows):
         run_decode(be.forward_metadata.plan, q, k, v, o)
         checks.append((fb, q, o))
     torch.cuda.synchronize()
-    assert all(w.attnmeta_device is not None for w in adapter.wrappers.values())  # planned on the GPU throughout
+    assert all(s.state["device"] is not None for s in adapter.sites)  # planned on the GPU throughout
     k32, v32 = k.float().repeat_interleave(H // HKV, 1), v.float().repeat_interleave(H // HKV, 1)
     for fb, q, out in checks:
         rows = sorted(random.Random(fb.batch_size).sample(range(fb.batch_size), min(4, fb.batch_size)))

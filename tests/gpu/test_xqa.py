@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DecodeModel, ForwardBatch, ForwardMode, GraphRunner
+from attnmeta.runtime import ForwardBatch, ForwardMode
+from attnmeta.sim import DecodeModel, GraphRunner
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -38,7 +39,7 @@ def oracle(q, k, v, pool, rows, lens):
 
 @pytest.mark.parametrize("P", [16, 32, 64])
 def test_xqa_reads_the_recorded_page_table(P):
-    from attnmeta.runtime.flashinfer_adapter import XQADecode
+    from attnmeta.planners.flashinfer import XQADecode
 
     dev = torch.device("cuda")
     pool = paged_pool(P, dev)

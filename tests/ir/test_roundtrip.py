@@ -58,7 +58,7 @@ def random_graph(draw):
             elif op == "nonzero" and len(x.type.shape) == 1:
                 vals.append(b.op(b_op("nonzero"), x))
     with b.out_graph():
-        vals.append(b.host_call("planner \"q\"", *vals[:2]))
+        vals.append(b.host_call("planner \"q\"", *vals[:2], binds={"role {\"r\"}": vals[1], "two": vals[-1]}))
     b.outputs(**{f"f{i}": v for i, v in enumerate(vals[1:])})
     return b.build()
 

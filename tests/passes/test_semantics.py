@@ -165,9 +165,11 @@ def test_rows_spec_is_two_kernels():
 def test_spec_compiles_and_runs_through_the_runtime(spec_fn):
     """The lowered plan (eager and captured on the emulated graph) equals the interpreter."""
     from attnmeta.compiler import BackendSpec, compile_backend
+    from attnmeta.planners.reference import ReferenceDecodePlanner
     from attnmeta.runtime import ReplayView
 
-    spec = BackendSpec("spec", spec_fn, (ForwardMode.DECODE,))
+    spec = BackendSpec("spec", spec_fn, (ForwardMode.DECODE,),  # the rich spec's planner: a stand-in it declares
+                       planners={"flashinfer.decode_plan": ReferenceDecodePlanner})
     cb = compile_backend(spec, CompileOptions(max_bs=MAX_BS, capture_sizes=(4,), max_context_len=L))
     pool = make_pool(ROWS, L, 3)
     be = cb.instantiate(pool)

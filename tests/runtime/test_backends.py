@@ -11,6 +11,7 @@ from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import ForwardBatch, ReplayView
+from attnmeta.runtime.planning import PlanError
 from tests.batches import capture, interp_inputs, make_batch, make_pool
 from tests.oracles import assert_metadata_equal, padded
 
@@ -144,13 +145,15 @@ def test_flashattention_draft_steps_match_the_twin(page_size):
             assert torch.equal(be.forward_metadata.cu_seqlens_q, ref.cu_seqlens_q)
 
 
-def test_a_planner_of_the_engine_needs_no_key_argument():
-    """An engine's own plan() taking only the host tensors still serves: the node name host_call
-    passes (``key``) is for planners that bind buffers per node, like the FlashInfer adapter."""
+def test_a_planner_of_the_engine_gets_its_site_and_the_host_tensors():
+    """An engine's own plan() is called planner(site, *host inputs): the site carries the fields the
+    spec binds (by role, the static buffers) and a state dict of its own. One written without the
+    site is refused when the plan is bound, naming the protocol."""
     seen = []
 
-    def plan(indptr_host, last_page_len_host):
-        seen.append(indptr_host.tolist())
+    def plan(site, indptr_host, last_page_len_host):
+        seen.append((site.node, site.bs, sorted(site.fields), indptr_host.tolist()))
+        site.state["calls"] = site.state.get("calls", 0) + 1
         return "planned"
 
     cb = compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L))
@@ -158,4 +161,17 @@ def test_a_planner_of_the_engine_needs_no_key_argument():
     fb = make_batch(2, L, ROWS, seed=3)
     be.init_forward_metadata(fb)
     assert be.forward_metadata.plan == "planned"
-    assert seen[-1] == [0, *torch.cumsum(fb.seq_lens_cpu, 0).tolist()]  # the host indptr, from the host mirror
+    node, bs, roles, indptr = seen[-1]
+    assert (node, bs, roles) == ("plan", 2, ["kv_indices", "kv_indptr", "kv_last_page_len"])
+    assert indptr == [0, *torch.cumsum(fb.seq_lens_cpu, 0).tolist()]  # the host indptr, from the host mirror
+    site = be.bound(fb.forward_mode, 2).sites["plan"]
+    assert site.fields["kv_indptr"].data_ptr() == be.forward_metadata.kv_indptr.data_ptr()  # the field's buffer
+    assert site.state["calls"] == 1
+
+    def old_style(indptr_host, last_page_len_host):
+        return "planned"
+
+    be2 = cb.instantiate(make_pool(ROWS, L, seed=1), planners={"flashinfer.decode_plan": old_style})
+    with pytest.raises(PlanError, match=r"cannot be called planner\(site, \*inputs\) with the 2 host inputs"):
+        be2.init_forward_metadata(fb)
+

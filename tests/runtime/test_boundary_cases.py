@@ -11,8 +11,9 @@ from attnmeta.compiler.ir import DType, Kind, Placement, SpecBuilder, parse
 from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.ir.parser import ParseError
 from attnmeta.compiler.lowering.binding import Kind as SlotKind
-from attnmeta.runtime import BatchError, DecodeModel, ForwardBatch, GraphRunner
+from attnmeta.runtime import BatchError, ForwardBatch
 from attnmeta.runtime.staging import DeviceGuard
+from attnmeta.sim import DecodeModel, GraphRunner
 from tests.batches import make_pool
 
 L, ROWS = 64, 6

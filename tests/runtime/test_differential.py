@@ -7,13 +7,8 @@ import torch
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
-from attnmeta.runtime import (
-    DecodeModel,
-    ForwardBatch,
-    GraphRunner,
-    ReplayView,
-    decode_attention_loop,
-)
+from attnmeta.runtime import ForwardBatch, ReplayView
+from attnmeta.sim import DecodeModel, GraphRunner, decode_attention_loop
 from tests.batches import capture, interp_inputs, make_batch, make_pool
 
 L, ROWS, MAX_BS, SIZES = 40, 24, 12, (1, 3, 8)

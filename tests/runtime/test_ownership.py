@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import DecodeModel, GraphRunner, ReplayView, StaleBufferError, StaleOutputError
+from attnmeta.runtime import ReplayView, StaleBufferError
+from attnmeta.sim import DecodeModel, GraphRunner, StaleOutputError
 from tests.batches import capture, make_batch, make_pool
 
 L, ROWS, SIZES = 32, 12, (2, 4)
@@ -73,7 +74,7 @@ def test_a_pool_cannot_be_rebound_under_a_captured_graph():
 def test_a_planner_returning_a_new_object_each_call_is_refused_at_replay():
     made = []
 
-    def fresh_wrapper(indptr_host, last_page_len_host):
+    def fresh_wrapper(site, indptr_host, last_page_len_host):
         made.append(object())  # a new wrapper every call: the graph keeps the capture-time one
         return made[-1]
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.runtime import CaptureSyncError, DraftModel, DraftRunner, ForwardBatch
-from attnmeta.runtime.attention import attention_from_pool, draft_attention_from_pool
-from attnmeta.runtime.runners import BreakableGraph, PiecewiseRunner
+from attnmeta.runtime import CaptureSyncError, ForwardBatch
+from attnmeta.sim import DraftModel, DraftRunner
+from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool
+from attnmeta.sim.runners import BreakableGraph, PiecewiseRunner
 from tests.batches import make_batch, make_pool
 
 L, ROWS = 48, 12

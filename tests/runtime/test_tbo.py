@@ -10,7 +10,8 @@ from attnmeta.backends import get_spec
 from attnmeta.backends.eager import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op
-from attnmeta.runtime import ForwardBatch, ReplayView, decode_attention_loop
+from attnmeta.runtime import ForwardBatch, ReplayView
+from attnmeta.sim import decode_attention_loop
 from tests.batches import capture, make_batch, make_pool
 
 L, ROWS, MAX_BS, SIZES = 24, 20, 9, (1, 2, 5, 8)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, compile_backend
-from attnmeta.runtime import decode_attention_loop
-from attnmeta.runtime.triton_attention import TritonDecodeAttention
+from attnmeta.sim import decode_attention_loop
+from attnmeta.sim.triton_attention import TritonDecodeAttention
 from tests.batches import make_batch, make_pool
 
 L, ROWS = 96, 12

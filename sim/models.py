@@ -4,11 +4,26 @@ EAGLE drafter's steps."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from attnmeta.compiler.lowering.triton_kernels import torch_on
 
 from .attention import _attend, paged_decode_attention, paged_decode_attention_pt
+
+
+class Model(Protocol):
+    """What the runners drive: static query and output buffers a captured graph reads and writes,
+    ``prepare`` (this step's queries into ``q``, padded rows zeroed) and ``forward`` (attention over
+    the backend's ``forward_metadata``, into ``out``; recorded by a graph runner)."""
+
+    q: torch.Tensor
+    out: torch.Tensor
+
+    def prepare(self, q: torch.Tensor, bs: int) -> None: ...
+
+    def forward(self, meta, bs: int) -> torch.Tensor: ...
 
 
 class DecodeModel:
@@ -34,7 +49,7 @@ class DecodeModel:
     def forward(self, meta, bs: int) -> torch.Tensor:
         q, out = self.q[:bs], self.out[:bs]
         if hasattr(getattr(meta, "plan", None), "run"):  # a FlashInfer wrapper planned this step
-            from .flashinfer_adapter import run_decode
+            from attnmeta.planners.flashinfer import run_decode
 
             return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
         if hasattr(meta, "num_kv_splits") and not torch_on(q):  # the split-KV Triton kernel (torch: below)
@@ -75,7 +90,7 @@ class DraftModel(DecodeModel):
         for s in range(self.num_steps):
             plan = getattr(meta, f"step{s}_plan", None)
             if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
-                from .flashinfer_adapter import run_decode
+                from attnmeta.planners.flashinfer import run_decode
 
                 run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
                 continue

@@ -17,12 +17,12 @@ import torch
 
 from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.modes import ForwardMode
+from attnmeta.runtime.backend import AttentionBackend
+from attnmeta.runtime.forward import ForwardBatch, ReplayView
+from attnmeta.runtime.graphs import new_graph
+from attnmeta.runtime.staging import BatchError, not_a_mode
 
-from ..backend import AttentionBackend
-from ..forward import ForwardBatch, ReplayView
-from ..graphs import new_graph
-from ..models import DecodeModel
-from ..staging import BatchError, not_a_mode
+from ..models import Model
 
 log = logging.getLogger("attnmeta.runtime")
 
@@ -59,7 +59,7 @@ def dummy_batch(mode: ForwardMode, bs: int, device, seq_len: int = 1) -> Forward
 
 
 class GraphRunner:
-    def __init__(self, backend: AttentionBackend, model: DecodeModel, capture_sizes, device,
+    def __init__(self, backend: AttentionBackend, model: Model, capture_sizes, device,
                  modes=(ForwardMode.DECODE,), debug: bool = False):
         self.backend, self.model, self.device = backend, model, torch.device(device)
         self.sizes = sorted(set(capture_sizes))

@@ -17,9 +17,8 @@ from collections.abc import Callable
 import torch
 
 from attnmeta.compiler.ir.errors import OptionsError
-
-from ..graphs import new_graph
-from ..staging import BatchError
+from attnmeta.runtime.graphs import new_graph
+from attnmeta.runtime.staging import BatchError
 
 
 class BreakableGraph:

@@ -14,8 +14,7 @@ import random
 import torch
 
 from attnmeta.compiler.modes import ForwardMode
-
-from .forward import ForwardBatch
+from attnmeta.runtime.forward import ForwardBatch
 
 
 class PoolExhausted(RuntimeError):

@@ -6,8 +6,8 @@ import torch
 
 from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.compiler.modes import ForwardMode
+from attnmeta.runtime.forward import ForwardBatch
 
-from ..forward import ForwardBatch
 from ..models import DraftModel
 from .graph import GraphRunner
 

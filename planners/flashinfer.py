@@ -1,22 +1,17 @@
 """FlashInfer behind a compiled backend (GPU, optional extra ``flashinfer``).
 
-One graph-mode wrapper per planner node and batch size (decode, or paged
-prefill for target verify and draft extend), built on the compiled backend's
-static buffers, sharing one float workspace. The spec's
-``host_call("flashinfer.decode_plan", ...)`` dispatches to ``plan`` here
-(``flashinfer.prefill_plan`` to ``plan_prefill``), in
-out_graph, before capture and before every replay, from host indptrs only;
-the plan's result, the wrapper, becomes the planner's metadata field, whose
-``run`` the captured model calls. The planner node's name says which fields
-it plans: ``plan`` binds ``kv_indptr``, ``kv_indices`` and
-``kv_last_page_len``; ``step2_plan`` (MultiStep) the ``step2_`` ones;
-``tbo0_plan`` (TBO) a child's.
+One graph-mode wrapper per planner site (a ``host_call`` node of one bound plan: decode, or paged
+prefill for target verify and draft extend), built on the fields the spec's ``binds`` name
+(``kv_indptr``, ``kv_indices``, ``kv_last_page_len``; ``qo_indptr`` and ``custom_mask`` for
+prefill), sharing one float workspace. The spec's ``host_call(DECODE, ...)`` dispatches to
+``plan`` here (``PREFILL`` to ``plan_prefill``), in out_graph, before capture and before every
+replay, from host indptrs only; the wrapper, kept in the site's state, becomes the planner's
+metadata field, whose ``run`` the captured model calls.
 
-Traps this handles: the decode wrapper's buffer keywords end in ``_buffer``
-(the prefill wrapper's in ``_buf``); in graph mode ``plan()`` copies the
-indptr and indices it is given into the bound buffers, so it gets the host
-indptr it needs anyway and an empty indices view (the graph writes the
-indices itself: copying them again would cost a device copy per step).
+Traps this handles: the decode wrapper's buffer keywords end in ``_buffer`` (the prefill
+wrapper's in ``_buf``); in graph mode ``plan()`` copies the indptr and indices it is given into
+the bound buffers, so it gets the host indptr it needs anyway and an empty indices view (the
+graph writes the indices itself: copying them again would cost a device copy per step).
 """
 
 from __future__ import annotations
@@ -29,11 +24,29 @@ import numpy as np
 import torch
 
 from attnmeta.compiler.ir.errors import UserError
+from attnmeta.runtime.planning import PlanError, Site
 
 from .flashinfer_plan import PlanLayout, checked_planner, pack_mask
-from .planners import DEVICE_PLANNER, DEVICE_PREFILL_PLANNER, PLANNER, PREFILL_PLANNER, PlanError
+from .reference import ReferenceDecodePlanner, ReferenceDevicePlanner, ReferencePrefillPlanner
 
-log = logging.getLogger("attnmeta.runtime")
+log = logging.getLogger("attnmeta.planners")
+
+# The planner names FlashInfer specs declare (``host_call`` targets), one name each for the specs, the
+# stand-ins and FlashInferDecodeAdapter. The *_on_device planners (a spec compiled with plan_on_device)
+# get only a constant per size; the partition of each step is computed on the GPU.
+PLANNER = "flashinfer.decode_plan"
+PREFILL_PLANNER = "flashinfer.prefill_plan"
+DEVICE_PLANNER = "flashinfer.decode_plan_on_device"
+DEVICE_PREFILL_PLANNER = "flashinfer.prefill_plan_on_device"
+
+
+def standins() -> dict:
+    """The stand-ins a FlashInfer spec declares (``BackendSpec.planners``): used where no adapter
+    serves the planners (a CPU machine, a test)."""
+    return {PLANNER: ReferenceDecodePlanner, PREFILL_PLANNER: ReferencePrefillPlanner,
+            DEVICE_PLANNER: lambda: ReferenceDevicePlanner(indptr=False),
+            DEVICE_PREFILL_PLANNER: lambda: ReferenceDevicePlanner(indptr=True)}
+
 
 # The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
 # adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
@@ -66,22 +79,26 @@ def _version(fi) -> tuple[int, ...]:
 
 
 class FlashInferDecodeAdapter:
-    """Graph-mode FlashInfer wrappers for every planner node of a compiled backend: decode
-    (``flashinfer.decode_plan``) and, for target verify and draft extend, the paged prefill wrapper
-    (``flashinfer.prefill_plan``). ``use_tensor_cores`` (decode) defaults to SGLang's rule: on for
+    """Graph-mode FlashInfer wrappers for every planner site of a compiled backend: decode
+    (``PLANNER``) and, for target verify and draft extend, the paged prefill wrapper
+    (``PREFILL_PLANNER``). ``use_tensor_cores`` (decode) defaults to SGLang's rule: on for
     grouped-query attention with 4 or more query heads per KV head.
 
     ``planner``: ``"device"`` (the default) plans each step's split-KV partition on the GPU, in the
     recorded graph, after one ``plan()`` per wrapper (``flashinfer_plan``), checked against FlashInfer's
     own planner before it is trusted; ``"host"`` keeps FlashInfer's host planner every step (the lean
-    C++ call for decode, ``plan()`` for prefill)."""
+    C++ call for decode, ``plan()`` for prefill).
+
+    A site's state holds its wrapper (``wrapper``), the indices view plan() is handed (``empty``),
+    the lean host planner (``lean``), the GPU partition planner (``device``) and the mask packer
+    (``pack``)."""
 
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
                  kv_dtype=torch.bfloat16, workspace_bytes: int = WORKSPACE_BYTES, use_tensor_cores: bool | None = None,
                  planner: str = "device", workspace: torch.Tensor | None = None):
         if planner not in ("device", "host"):
             raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
-        self.fi, self.backend = _flashinfer(), backend  # the optional extra: fail here, not inside a step
+        self.fi = _flashinfer()  # the optional extra: fail here, not inside a step
         self.device_plans = planner == "device"
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
@@ -90,105 +107,97 @@ class FlashInferDecodeAdapter:
         # run one after another, so they may share it, as the engine's own wrappers do)
         self.workspace = workspace if workspace is not None else \
             torch.empty(workspace_bytes, dtype=torch.uint8, device=backend.device)
-        self.wrappers: dict[tuple, object] = {}
+        self.sites: list[Site] = []  # every site this adapter made a wrapper for
         self._ones: dict[int, torch.Tensor] = {}
-        backend.planners[PLANNER] = self.plan
-        backend.planners[PREFILL_PLANNER] = self.plan_prefill
-        backend.planners[DEVICE_PLANNER] = self.plan_on_device
-        backend.planners[DEVICE_PREFILL_PLANNER] = self.plan_prefill_on_device
+        for target, fn in ((PLANNER, self.plan), (PREFILL_PLANNER, self.plan_prefill), (DEVICE_PLANNER,
+                           self.plan_on_device), (DEVICE_PREFILL_PLANNER, self.plan_prefill_on_device)):
+            backend.set_planner(target, fn)
 
-    def _fields(self, key: str, names: tuple[str, ...], what: str) -> list:
-        prefix, m = key.removesuffix("plan"), self.backend.planning.meta
-        try:
-            return [getattr(m, prefix + f) for f in names]
-        except AttributeError:
-            raise PlanError(f"planner node {key!r} has no {'/'.join(prefix + f for f in names)} fields to bind a "
-                            f"FlashInfer {what} wrapper to") from None
+    @property
+    def wrappers(self) -> dict[tuple, object]:
+        """(mode, bs, planner node) -> the wrapper of that site."""
+        return {(s.mode, s.bs, s.node): s.state["wrapper"] for s in self.sites}
 
-    def _cached(self, key: str, make):
-        b = self.backend.planning
-        wkey = (b.mode, b.plan.graph.env["bs"], key)
-        w = self.wrappers.get(wkey)
+    def site_of(self, wrapper) -> Site:
+        """The site whose wrapper ``wrapper`` is (its state: lean and device planners)."""
+        return next(s for s in self.sites if s.state.get("wrapper") is wrapper)
+
+    def _made(self, site: Site, make):
+        w = site.state.get("wrapper")
         if w is None:
-            w = self.wrappers[wkey] = make()
+            w = site.state["wrapper"] = make()
+            self.sites.append(site)
         return w
 
-    def wrapper(self, key: str):
-        """The decode wrapper of planner node ``key`` in the binding being planned (mode and batch size)."""
+    def wrapper(self, site: Site):
+        """The decode wrapper of ``site``, on the fields it binds."""
         def make():
-            bufs = self._fields(key, ("kv_indptr", "kv_indices", "kv_last_page_len"), "decode")
-            w = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            indptr, indices, last = (site.field(r) for r in ("kv_indptr", "kv_indices", "kv_last_page_len"))
+            site.state.update(empty=indices[:0], lean=None, device=None)
+            return self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
-                paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1], paged_kv_last_page_len_buffer=bufs[2])
-            w.attnmeta_empty_indices, w.attnmeta_lean, w.attnmeta_device = bufs[1][:0], None, None
-            return w
-        return self._cached(key, make)
+                paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last)
+        return self._made(site, make)
 
-    def plan(self, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, key: str = "plan",
-             on_device: bool = False):
-        w = self.wrapper(key)
+    def plan(self, site: Site, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, on_device: bool = False):
+        w, st = self.wrapper(site), site.state
         if indptr_host.shape[0] <= 1:  # no rows (a TBO child of a batch of one): nothing to plan or attend
             return w
-        if self._on_gpu(w):
+        if self._on_gpu(site):
             return w
-        lean = w.attnmeta_lean
-        if lean is not None:
-            lean(indptr_host)
+        if st["lean"] is not None:
+            st["lean"](indptr_host)
             return w
         hq, hkv, d = self.heads
 
         def replan(indptr: torch.Tensor) -> None:
             with self._workspace_checked():
-                w.plan(indptr, w.attnmeta_empty_indices, last_page_len_host, hq, hkv, d, 1,
+                w.plan(indptr, st["empty"], last_page_len_host, hq, hkv, d, 1,
                        q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         replan(indptr_host)
-        w.attnmeta_device = self._device_planner(w, self.tensor_cores, replan, indptr_host)
+        st["device"] = self._device_planner(site, w, self.tensor_cores, replan, indptr_host)
         if on_device:
-            return self._required(w, "decode")
-        if w.attnmeta_device is None:
-            w.attnmeta_lean = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
+            return self._required(site, "decode")
+        if st["device"] is None:
+            st["lean"] = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
         return w
 
-    def plan_on_device(self, last_page_len_host: torch.Tensor, key: str = "plan"):
+    def plan_on_device(self, site: Site, last_page_len_host: torch.Tensor):
         """A spec compiled with ``plan_on_device`` has no host indptr: the wrapper's one ``plan()`` (which
         fixes the shape of the work) runs on requests of one token each, then its partition is planned on
         the GPU every step; where that cannot be (another FlashInfer, a check that fails), it is an error,
         as nothing on the host could plan a step."""
-        w = self.wrapper(key)
-        if self._on_gpu(w):  # every step after the first: no synthetic indptr to build
+        w = self.wrapper(site)
+        if self._on_gpu(site):  # every step after the first: no synthetic indptr to build
             return w
         bs = last_page_len_host.shape[0]
-        return self.plan(torch.arange(bs + 1, dtype=torch.int32), last_page_len_host, key, on_device=True)
+        return self.plan(site, torch.arange(bs + 1, dtype=torch.int32), last_page_len_host, on_device=True)
 
-    def plan_prefill_on_device(self, qo_indptr_host: torch.Tensor, key: str = "plan"):
+    def plan_prefill_on_device(self, site: Site, qo_indptr_host: torch.Tensor):
         """As ``plan_on_device``, for target verify and draft extend: the first plan's keys are the query
         rows themselves."""
-        return self.plan_prefill(qo_indptr_host, qo_indptr_host, key, on_device=True)
+        return self.plan_prefill(site, qo_indptr_host, qo_indptr_host, on_device=True)
 
-    def _required(self, w, what: str):
-        if w.attnmeta_device is None:
+    def _required(self, site: Site, what: str):
+        if site.state["device"] is None:
             why = ("this adapter was made with planner='host'" if not self.device_plans else
                    f"the device planner does not repeat FlashInfer {self.fi.__version__}'s {what} planner for this "
                    f"wrapper (it repeats {', '.join('.'.join(map(str, v)) for v in DEVICE_PLAN_VERSIONS)}; a "
                    "disagreement is logged)")
             raise PlanError(f"the backend was compiled with plan_on_device, so no step has host indptrs to plan "
                             f"from, but {why}; compile without --plan-on-device (plan_on_device=False)")
-        return w
+        return site.state["wrapper"]
 
-    def _on_gpu(self, w) -> bool:
-        """Whether ``w``'s partition is planned on the GPU, after the metadata graph (its hook then runs
-        in the binding being planned)."""
-        if w.attnmeta_device is None:
+    @staticmethod
+    def _on_gpu(site: Site) -> bool:
+        """Whether the site's partition is planned on the GPU, after the metadata graph."""
+        dev = site.state.get("device")
+        if dev is None:
             return False
-        self._hook(w.attnmeta_device)
+        site.after_graph(dev)
         return True
 
-    def _hook(self, fn) -> None:
-        hooks = self.backend.planning.after_in
-        if fn not in hooks:  # once per binding (a rebinding starts a new list): every step runs it
-            hooks.append(fn)
-
-    def _device_planner(self, w, prefill: bool, replan, first: torch.Tensor):
+    def _device_planner(self, site: Site, w, prefill: bool, replan, first: torch.Tensor):
         """The wrapper's partition planned on the GPU from now on, if this FlashInfer's planner is one
         ``flashinfer_plan`` repeats and it agrees with FlashInfer on this batch and on synthetic ones
         (all short, a ramp to the context length, one long among short); else None: a host planner."""
@@ -200,11 +209,11 @@ class FlashInferDecodeAdapter:
         if prefill:
             dev = w._int_workspace_buffer.device  # FlashInfer sizes its grid by the GPU's SMs (off a GPU: tests)
             sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else \
-                self.backend.compiled.options.sm_count
+                site.options.sm_count
             layout = PlanLayout.prefill_plan(w._plan_info, bs, (hq, hkv), 1, sms)
         else:
             layout = PlanLayout.decode(w._plan_info, bs, 1)
-        L = self.backend.compiled.options.max_context_len
+        L = site.options.max_context_len
         lens = (torch.ones(bs, dtype=torch.int32), torch.linspace(1, L, bs).round().int(),
                 torch.tensor([L] + [1] * (bs - 1), dtype=torch.int32))
         samples = [torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0, dtype=torch.int32)]) for x in lens]
@@ -215,7 +224,7 @@ class FlashInferDecodeAdapter:
                         "(bs %d): FlashInfer plans its steps on the host", self.fi.__version__,
                         "prefill" if prefill else "decode", bs)
             return None
-        self._hook(planner)
+        site.after_graph(planner)
         return planner
 
     @contextlib.contextmanager
@@ -232,37 +241,35 @@ class FlashInferDecodeAdapter:
                             "FlashInferDecodeAdapter(..., workspace_bytes=...): large batches of target verify or "
                             "draft extend need more than decode") from None
 
-    def prefill_wrapper(self, key: str):
-        """The paged prefill wrapper of ``key``: on the plan's qo/kv indptr, kv indices and last-page
-        buffers; in target verify (a ``custom_mask`` field) with packed-mask buffers of its own, which
-        plan() fills from the drafter's mask."""
+    def prefill_wrapper(self, site: Site):
+        """The paged prefill wrapper of ``site``: on its qo/kv indptr, kv indices and last-page fields;
+        in target verify (a ``custom_mask`` binding) with packed-mask buffers of its own, which plan()
+        fills from the drafter's mask."""
         def make():
-            qo, kv, idx, last = self._fields(key, ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"),
-                                             "prefill")
-            mask = getattr(self.backend.planning.meta, "custom_mask", None)
+            qo, kv, idx, last = (site.field(r) for r in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"))
+            mask = site.fields.get("custom_mask")
             extra, pack = {}, None
             if mask is not None:  # one bit per mask entry, plus a byte of rounding per request
                 bs = qo.numel() - 1  # this size's requests use the mask's first bs / max_bs
-                size = min(mask.numel() // 8 + qo.numel(), mask.numel() // self.backend.max_bs * bs // 8 + bs + 1)
+                size = min(mask.numel() // 8 + qo.numel(), mask.numel() // site.max_bs * bs // 8 + bs + 1)
                 extra = dict(custom_mask_buf=torch.zeros(size, dtype=torch.uint8, device=qo.device),
                              mask_indptr_buf=torch.zeros_like(qo))
                 pack = functools.partial(pack_mask, mask, qo, kv, extra["custom_mask_buf"], extra["mask_indptr_buf"],
-                                         mask.numel() // self.backend.max_bs)
-            w = self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                                         mask.numel() // site.max_bs)
+            site.state.update(empty=idx[:0], pack=pack, device=None)
+            return self.fi.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=kv,
                 paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra)
-            w.attnmeta_empty_indices, w.attnmeta_pack, w.attnmeta_device = idx[:0], pack, None
-            return w
-        return self._cached(key, make)
+        return self._made(site, make)
 
-    def plan_prefill(self, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor, key: str = "plan",
+    def plan_prefill(self, site: Site, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor,
                      on_device: bool = False):
         """Target verify: the tree mask the drafter wrote into ``custom_mask`` (rows of ``qo_len x kv_len``
         per request, as FlashInfer lays it out), no causal mask. Draft extend: causal. The mask is packed
         to bits in the recorded graph, after the metadata and before attention (``pack_mask``), so
         plan() is handed the packed buffer itself: its copy into that buffer is a no-op."""
-        w = self.prefill_wrapper(key)
-        if self._on_gpu(w):
+        w, st = self.prefill_wrapper(site), site.state
+        if self._on_gpu(site):
             return w
         bs = qo_indptr_host.shape[0] - 1
         if bs == 0:
@@ -271,21 +278,20 @@ class FlashInferDecodeAdapter:
         if ones is None:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
         hq, hkv, d = self.heads
-        if w.attnmeta_pack is not None:
-            self._hook(w.attnmeta_pack)  # every replay packs this step's mask
-        masked = w.attnmeta_pack is not None
+        masked = st["pack"] is not None
+        if masked:
+            site.after_graph(st["pack"])  # every replay packs this step's mask
         qo_host = qo_indptr_host.clone()
 
         def replan(kv_indptr: torch.Tensor) -> None:
             with self._workspace_checked():
-                w.plan(qo_host, kv_indptr, w.attnmeta_empty_indices, ones, hq, hkv, d, 1,
+                w.plan(qo_host, kv_indptr, st["empty"], ones, hq, hkv, d, 1,
                        packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
                        q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         replan(kv_indptr_host)
-        mode = self.backend.planning.mode  # a fixed query layout (not extend's): the partition follows the kv
-        if mode.is_target_verify() or mode.is_draft_extend():
-            w.attnmeta_device = self._device_planner(w, True, replan, kv_indptr_host)
-        return self._required(w, "prefill") if on_device else w
+        if site.mode.is_target_verify() or site.mode.is_draft_extend():  # a fixed query layout: the partition
+            st["device"] = self._device_planner(site, w, True, replan, kv_indptr_host)  # follows the kv alone
+        return self._required(site, "prefill") if on_device else w
 
 
 LEAN_VERSIONS = ((0, 6),)  # FlashInfer versions whose decode plan() internals lean_planner repeats
