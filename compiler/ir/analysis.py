@@ -31,17 +31,9 @@ def index_roles(g: Graph) -> dict[str, set[str]]:
     """Batch input -> the index roles ("row", "length", "slot") its values reach. A property of the
     graph's structure: the same for every size of a mode (the per-size passes ask with the mode's
     graph, computed once)."""
-    hit = _ROLES.get(id(g))
-    if hit is not None and hit[0] is g:
-        return hit[1]
-    out = _index_roles(g)
-    if len(_ROLES) > 64:
-        _ROLES.clear()
-    _ROLES[id(g)] = (g, out)
-    return out
-
-
-_ROLES: dict[int, tuple] = {}
+    if "index_roles" not in g.memo:
+        g.memo["index_roles"] = _index_roles(g)
+    return g.memo["index_roles"]
 
 
 def _index_roles(g: Graph) -> dict[str, set[str]]:

@@ -21,7 +21,6 @@ _ROWWISE = (Op.ewise, Op.ewise_const, Op.cast, Op.compare, Op.where, Op.copy, Op
             Op.sort_rows, Op.reduce_rows)
 
 
-_CONSTS: dict[int, tuple] = {}  # constants() of recent graphs: passes and lowering ask for them repeatedly
 
 
 class Role(enum.Enum):
@@ -138,6 +137,9 @@ class Graph:
     symbols: tuple[tuple[str, int], ...] = attrs.field(converter=lambda s: tuple(sorted(dict(s).items())), default=())
     buffers: tuple[Buffer, ...] = ()  # the static layout (pack-inputs, plan-buffers); empty before them
     kernels: tuple[tuple[str, str], ...] = ()  # node -> the fused kernel it lowers into (fuse); sorted
+    # what analyses derive from this graph (its constants, index roles), kept with it: a new graph
+    # (attrs.evolve) starts empty, so nothing global is keyed by a graph's id
+    memo: dict = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def kernel_of(self) -> dict[str, str]:
         return dict(self.kernels)
@@ -174,14 +176,9 @@ class Graph:
         return u
 
     def constants(self) -> tuple[str, ...]:
-        hit = _CONSTS.get(id(self))
-        if hit is not None and hit[0] is self:
-            return hit[1]
-        out = self._constants()
-        if len(_CONSTS) > 256:
-            _CONSTS.clear()
-        _CONSTS[id(self)] = (self, out)  # the graph is kept with its entry, so its id is never reused
-        return out
+        if "constants" not in self.memo:
+            self.memo["constants"] = self._constants()
+        return self.memo["constants"]
 
     def _constants(self) -> tuple[str, ...]:
         """Values fixed once a plan is bound, in program order: ``full``/``arange``, and recordable

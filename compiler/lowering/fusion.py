@@ -22,6 +22,7 @@ import attrs
 
 from ..ir import Graph
 from ..passes.rowforms import ROWFORMS
+from .memo import Memo
 from .places import LoweringError
 
 _VAR = re.compile(r"^\s+([a-z]+)_(\d+) = ")  # an emitted variable: <form>_<positional id> = ...
@@ -186,13 +187,15 @@ def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
                        tuple(sorted(e.notes.items())))
 
 
-_LOADED: dict[str, object] = {}
+_LOADED = Memo("loaded kernels", 4096)
 
 
 def load(k: FusedKernel):
     """Import the kernel from a file (Triton reads a jitted function's source from disk)."""
-    if k.fn_name in _LOADED:
-        return _LOADED[k.fn_name]
+    return _LOADED.get(k.fn_name, lambda: _load(k))
+
+
+def _load(k: FusedKernel):
     from .triton_kernels import jit
 
     d = os.environ.get("ATTNMETA_KERNEL_DIR") or os.path.join(tempfile.gettempdir(), "attnmeta-kernels")
@@ -206,5 +209,4 @@ def load(k: FusedKernel):
     spec = importlib.util.spec_from_file_location(k.fn_name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    _LOADED[k.fn_name] = jit(getattr(mod, k.fn_name))  # the source has no decorator: one place jits
-    return _LOADED[k.fn_name]
+    return jit(getattr(mod, k.fn_name))  # the source has no decorator: one place jits

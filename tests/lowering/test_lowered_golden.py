@@ -91,3 +91,20 @@ def test_the_dumped_lowered_file_runs_on_its_own_and_computes_the_plan(backend, 
                 n = int(want[ragged[field]][-1])
                 got, w = got[:n], w[:n]
             assert torch.equal(got, w), field
+
+
+def test_the_lowering_memos_are_bounded():
+    """A memo keeps at most its size, dropping the least recently used entry (a long-lived server
+    compiling many specs must not grow without end); an entry dropped is made again when asked."""
+    from attnmeta.compiler.lowering.memo import Memo
+
+    made = []
+    m = Memo("test", 2)
+
+    def get(k):
+        return m.get(k, lambda: made.append(k) or k * 10)
+
+    assert [get(1), get(2), get(1), get(3)] == [10, 20, 10, 30]  # 3 drops 2, the least recently used
+    assert len(m) == 2 and made == [1, 2, 3]
+    assert get(1) == 10 and made == [1, 2, 3]  # still there
+    assert get(2) == 20 and made == [1, 2, 3, 2]  # made again
