@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import attrs
 import torch
 
-from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Space
+from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Memory
 
 from .buffers import Buffers, allocate, view
 from .planning import Site, make_site, planner_call
@@ -92,10 +92,10 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
         if k is ArgKind.planners:
             return calls
         if k is ArgKind.view:
-            src = pools[a.of] if a.of is not None else buffers.view(a.region)
+            src = pools[a.of] if a.of is not None else buffers.view(a.span)
             return src[a.start : a.stop]
-        own = a.region.space in (Space.local_dev, Space.local_host)
-        return view(local, a.region) if own else buffers.view(a.region)
+        own = a.span.space in (Memory.local_dev, Memory.local_host)
+        return view(local, a.span) if own else buffers.view(a.span)
 
     const_args = [value(a) for a in b.const_args]
     if const_args:

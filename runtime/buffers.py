@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import torch
 
-from attnmeta.compiler.lowering.binding import Layout, Region, Space
+from attnmeta.compiler.lowering.binding import Layout, Memory, Span
 
-_SPACES = (Space.staging_host, Space.staging_dev, Space.arena, Space.host)
+_SPACES = (Memory.staging_host, Memory.staging_dev, Memory.arena, Memory.host)
 
 
-def allocate(sizes: dict[Space, int], device: torch.device) -> dict[Space, torch.Tensor]:
+def allocate(sizes: dict[Memory, int], device: torch.device) -> dict[Memory, torch.Tensor]:
     """Zeroed uint8 buffers for ``sizes``; host spaces on the CPU (the staging one pinned on a GPU)."""
     out = {}
     for space, n in sizes.items():
         dev = torch.device("cpu") if space.on_host else device
-        pin = space is Space.staging_host and device.type == "cuda"
+        pin = space is Memory.staging_host and device.type == "cuda"
         out[space] = torch.zeros(n, dtype=torch.uint8, device=dev, pin_memory=pin)
     return out
 
 
-def view(spaces: dict[Space, torch.Tensor], r: Region) -> torch.Tensor:
+def view(spaces: dict[Memory, torch.Tensor], r: Span) -> torch.Tensor:
     """The region as a typed, shaped tensor: a view, never a copy."""
     return spaces[r.space][r.offset : r.offset + r.nbytes].view(r.dtype).view(r.shape)
 
@@ -35,7 +35,7 @@ class Buffers:
     def __init__(self, layout: Layout, device: torch.device):
         self.spaces = allocate({s: layout.size(s) for s in _SPACES}, device)
 
-    def view(self, r: Region) -> torch.Tensor:
+    def view(self, r: Span) -> torch.Tensor:
         return view(self.spaces, r)
 
     def nbytes(self) -> dict[str, int]:

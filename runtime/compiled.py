@@ -47,7 +47,7 @@ class CompiledAttentionBackend(AttentionBackend):
         self._dirty: dict = {}  # staging region -> rows that may hold live values (the rest hold the fill)
         self._guard = DeviceGuard(self.device)  # device-only fields' checks, reported one step late (staging.py)
         for gm, args in compiled.inits.values():  # constants every size shares, written once at max_bs
-            gm.forward(*[self.device if a.kind is ArgKind.device else self.buffers.view(a.region) for a in args])
+            gm.forward(*[self.device if a.kind is ArgKind.device else self.buffers.view(a.span) for a in args])
 
     @property
     def pools(self):

@@ -3,7 +3,7 @@
 A ``Layout`` places every static buffer of a compiled backend, every mode: the mode's regions
 (pack-inputs, plan-buffers) shifted by the mode's base, so modes never share memory. A
 ``Binding`` describes one plan (mode, bs): every placeholder of its lowered modules with its
-kind and region, the staging slots with their fills and bounds, and the per-step copies. The
+kind and span, the staging slots with their fills and bounds, and the per-step copies. The
 runtime allocates the spaces once, takes views, and binds by kind; it reads no IR.
 """
 
@@ -17,12 +17,12 @@ import sympy
 import torch
 
 from ..ir.graph import Kind, aligned
-from ..ir.graph import Space as IRSpace
+from ..ir.graph import Space as IRSpace  # the IR's three spaces; Memory splits them by device
 from ..ir.types import SYMBOLS
 from ..modes import ForwardMode
 
 
-class Space(enum.Enum):
+class Memory(enum.Enum):
     staging_host = "staging_host"  # packed per-step inputs, pinned on a GPU
     staging_dev = "staging_dev"  # its device twin, one copy per step
     arena = "arena"  # static device buffers: fields, intermediates, crossings, constants
@@ -32,14 +32,14 @@ class Space(enum.Enum):
 
     @property
     def on_host(self) -> bool:
-        return self in (Space.staging_host, Space.host, Space.local_host)
+        return self in (Memory.staging_host, Memory.host, Memory.local_host)
 
 
 @attrs.frozen
-class Region:
-    """A typed view of ``space``: ``shape`` elements of ``dtype`` from byte ``offset``."""
+class Span:
+    """A typed span of ``space``: ``shape`` elements of ``dtype`` from byte ``offset``."""
 
-    space: Space
+    space: Memory
     offset: int
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -72,7 +72,7 @@ class Arg:
 
     name: str  # the IR value, field or pool it stands for
     kind: ArgKind
-    region: Region | None = None
+    span: Span | None = None
     of: str | None = None  # view: the argument it slices
     start: int = 0
     stop: int = 0
@@ -102,8 +102,8 @@ class Slot:
 
     source: str  # the ForwardBatch field read (a host mirror where the spec declares one)
     device_field: str | None  # the device field the mirror mirrors: read only if it is a CPU tensor
-    host: Region  # in staging_host, at this plan's size
-    dev: Region | None  # in staging_dev: None when only host ops read it
+    host: Span  # in staging_host, at this plan's size
+    dev: Span | None  # in staging_dev: None when only host ops read it
     per_row: int  # values per request
     capacity: int  # values the slot holds at max_bs
     fill: int
@@ -120,7 +120,7 @@ class Slot:
         return self.lo, min(int(hi), cap) if hi.is_Integer else cap
 
 
-def _where(r: Region | None) -> str:
+def _where(r: Span | None) -> str:
     if r is None:
         return ""
     return f" {r.space.value}@{r.offset} {str(r.dtype).removeprefix('torch.')}{list(r.shape)}"
@@ -128,7 +128,7 @@ def _where(r: Region | None) -> str:
 
 def _arg(a: Arg) -> str:
     extra = f" rows[{a.start}:{a.stop}] of {a.of or 'its slot'}" if a.kind is ArgKind.view else ""
-    return f"{a.kind.value} {a.name}{_where(a.region)}{extra}"
+    return f"{a.kind.value} {a.name}{_where(a.span)}{extra}"
 
 
 @attrs.frozen
@@ -137,14 +137,14 @@ class Binding:
     bs: int
     graph: str  # the specialized graph's name, for messages
     slots: tuple[Slot, ...]
-    copies: tuple[tuple[Region, Region], ...]  # (device, host) byte ranges copied host->device per step
+    copies: tuple[tuple[Span, Span], ...]  # (device, host) byte ranges copied host->device per step
     out_args: tuple[Arg, ...]
     in_args: tuple[Arg, ...]
     const_args: tuple[Arg, ...]  # the plan's own constants' module (run once, at bind)
     crossing: tuple[Arg, ...]  # out_graph results [:n] are copied into these
     planned: tuple[str, ...]  # fields set from the out_graph results after the crossings (planner results)
     fields: tuple[tuple[str, Arg], ...]  # every other field: the static argument holding it
-    local_bytes: tuple[tuple[Space, int], ...]  # this plan's own constant buffers, allocated at bind
+    local_bytes: tuple[tuple[Memory, int], ...]  # this plan's own constant buffers, allocated at bind
     sites: tuple[PlannerSite, ...] = ()  # its planners, in out_graph order
 
     def describe(self) -> str:
@@ -168,7 +168,7 @@ class Init:
     is what every smaller plan reads)."""
 
     args: tuple[Arg, ...]
-    copies: tuple[tuple[Region, Region], ...]  # a constant bound to two fields: into the second too
+    copies: tuple[tuple[Span, Span], ...]  # a constant bound to two fields: into the second too
 
 
 @attrs.frozen
@@ -195,10 +195,10 @@ def pool_specs(inputs, env: dict[str, int]) -> tuple[PoolSpec, ...]:
 
 @attrs.frozen
 class Layout:
-    sizes: tuple[tuple[Space, int], ...]  # bytes of each shared space
+    sizes: tuple[tuple[Memory, int], ...]  # bytes of each shared space
     bases: tuple[tuple[ForwardMode, tuple[tuple[str, int], ...]], ...]  # mode -> IR space -> base offset
 
-    def size(self, space: Space) -> int:
+    def size(self, space: Memory) -> int:
         return dict(self.sizes).get(space, 0)
 
     def base(self, mode: ForwardMode) -> dict[str, int]:
@@ -214,8 +214,8 @@ def link(generic: dict) -> Layout:
         bases.append((mode, tuple((s.value, end[s]) for s in IRSpace)))
         for s in IRSpace:
             end[s] += mode_bytes(g, s)
-    sizes = ((Space.staging_host, end[IRSpace.staging]), (Space.staging_dev, end[IRSpace.staging]),
-             (Space.arena, end[IRSpace.arena]), (Space.host, end[IRSpace.host]))
+    sizes = ((Memory.staging_host, end[IRSpace.staging]), (Memory.staging_dev, end[IRSpace.staging]),
+             (Memory.arena, end[IRSpace.arena]), (Memory.host, end[IRSpace.host]))
     return Layout(sizes, tuple(bases))
 
 

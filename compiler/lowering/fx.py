@@ -242,14 +242,14 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
     nodes = g.producers()
 
     def at(a: Arg) -> Arg:  # the argument with this size's region
-        if not isinstance(a.region, Q):
+        if not isinstance(a.span, Q):
             return a
-        q = a.region
+        q = a.span
         r = local_regions[q.name] if q.what == "local" else getattr(places, q.what)(q.name)
         if a.kind is ArgKind.view:
             v = nodes[a.name]
-            return attrs.evolve(a, region=r, start=int(v.a["start"]), stop=int(v.a["stop"]))
-        return attrs.evolve(a, region=r)
+            return attrs.evolve(a, span=r, start=int(v.a["start"]), stop=int(v.a["stop"]))
+        return attrs.evolve(a, span=r)
 
     binding = Binding(mode, g.env["bs"], g.name, places.slots(), places.copies(),
                       tuple(map(at, sk.out_args)), tuple(map(at, sk.in_args)), tuple(map(at, sk.const_args)),

@@ -16,8 +16,7 @@ from ..ir.errors import InternalError
 from ..ir.graph import Kind, Space, Use, aligned
 from ..ir.types import SYMBOLS
 from ..modes import ForwardMode
-from .binding import Region, Slot
-from .binding import Space as Mem
+from .binding import Memory, Slot, Span
 
 
 class LoweringError(InternalError):
@@ -32,9 +31,9 @@ class Places:
         self.bufs = {(b.space, b.use, b.name): b for b in g.buffers}
         self.staged = {v: b for b in g.buffers if b.space is Space.staging for v in b.values}
 
-    def _region(self, space: Mem, ir_space: Space, offset: int, value: str) -> Region:
+    def _span(self, space: Memory, ir_space: Space, offset: int, value: str) -> Span:
         t = self.types[value]
-        return Region(space, self.base[ir_space.value] + offset, t.dtype.torch, tuple(int(d) for d in t.shape))
+        return Span(space, self.base[ir_space.value] + offset, t.dtype.torch, tuple(int(d) for d in t.shape))
 
     def _buf(self, space: Space, use: Use, name: str):
         b = self.bufs.get((space, use, name))
@@ -43,29 +42,29 @@ class Places:
                                 "pack-inputs and plan-buffers lay out every static buffer and must run")
         return b
 
-    def batch(self, x: str) -> Region:
+    def batch(self, x: str) -> Span:
         b = self.staged.get(x)
         if b is None:
             raise LoweringError(f"{self.g.name}: batch input %{x} has no staging slot; pack-inputs must run")
         host = self.inputs[x].type.placement.on_host
-        return self._region(Mem.staging_host if host else Mem.staging_dev, Space.staging, b.offset, x)
+        return self._span(Memory.staging_host if host else Memory.staging_dev, Space.staging, b.offset, x)
 
-    def field(self, f: str) -> Region:
+    def field(self, f: str) -> Span:
         b = self.bufs.get((Space.host, Use.field, f))
         if b is not None:
-            return self._region(Mem.host, Space.host, b.offset, b.values[0])
+            return self._span(Memory.host, Space.host, b.offset, b.values[0])
         b = self._buf(Space.arena, Use.field, f)
-        return self._region(Mem.arena, Space.arena, b.offset, b.values[0])
+        return self._span(Memory.arena, Space.arena, b.offset, b.values[0])
 
-    def value(self, v: str) -> Region:
+    def value(self, v: str) -> Span:
         b = self.bufs.get((Space.arena, Use.value, v)) or self._buf(Space.arena, Use.crossing, v)
-        return self._region(Mem.arena, Space.arena, b.offset, v)
+        return self._span(Memory.arena, Space.arena, b.offset, v)
 
-    def host(self, v: str) -> Region | None:
+    def host(self, v: str) -> Span | None:
         """Where an out_graph host value is written: its own buffer, or its first field's."""
         b = self.bufs.get((Space.host, Use.host, v))
         if b is not None:
-            return self._region(Mem.host, Space.host, b.offset, v)
+            return self._span(Memory.host, Space.host, b.offset, v)
         fields = [f for f in self.fields_of(v) if (Space.host, Use.field, f) in self.bufs]
         return self.field(fields[0]) if fields else None
 
@@ -74,7 +73,7 @@ class Places:
         return [o.field for o in self.g.outputs if o.value == v and ((Space.arena, Use.field, o.field) in self.bufs
                                                                     or (Space.host, Use.field, o.field) in self.bufs)]
 
-    def const(self, c: str) -> Region:
+    def const(self, c: str) -> Span:
         """A constant every size shares: in its (first) field's buffer, else its own."""
         fields = self.fields_of(c)
         if self.types[c].placement.on_host and not fields:
@@ -84,20 +83,20 @@ class Places:
             return r
         return self.field(fields[0]) if fields else self.value(c)
 
-    def locals(self, names) -> dict[str, Region]:
+    def locals(self, names) -> dict[str, Span]:
         """This plan's own constants (values that differ per size): buffers of their own."""
-        out, end = {}, {Mem.local_dev: 0, Mem.local_host: 0}
+        out, end = {}, {Memory.local_dev: 0, Memory.local_host: 0}
         for c in names:
             t = self.types[c]
-            space = Mem.local_host if t.placement.on_host else Mem.local_dev
-            r = Region(space, end[space], t.dtype.torch, tuple(int(d) for d in t.shape))
+            space = Memory.local_host if t.placement.on_host else Memory.local_dev
+            r = Span(space, end[space], t.dtype.torch, tuple(int(d) for d in t.shape))
             out[c] = r
             end[space] += aligned(r.nbytes)
         return out
 
     @staticmethod
-    def local_bytes(regions: dict[str, Region]) -> tuple[tuple[Mem, int], ...]:
-        end: dict[Mem, int] = {}
+    def local_bytes(regions: dict[str, Span]) -> tuple[tuple[Memory, int], ...]:
+        end: dict[Memory, int] = {}
         for r in regions.values():
             end[r.space] = max(end.get(r.space, 0), r.offset + aligned(r.nbytes))
         return tuple(sorted(end.items(), key=lambda kv: kv[0].value))
@@ -112,12 +111,12 @@ class Places:
             per_row = b.nbytes // max(1, self.max_bs * first.type.dtype.torch.itemsize)
             n = per_row * self.g.env["bs"]
             base = self.base[Space.staging.value] + b.offset
-            host = Region(Mem.staging_host, base, first.type.dtype.torch, (n,))
+            host = Span(Memory.staging_host, base, first.type.dtype.torch, (n,))
             kind = next((i.kind for i in ins if i.kind is not Kind.value), Kind.value)
             declared = next((i.hi for i in ins if i.hi is not None), None)
             lo, hi, why, fix = self._bounds(kind, declared, first)
             out.append(Slot(b.name, dev.name if dev is not None and dev.name != b.name else None, host,
-                            None if dev is None else Region(Mem.staging_dev, base, host.dtype, (n,)),
+                            None if dev is None else Span(Memory.staging_dev, base, host.dtype, (n,)),
                             per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why, fix))
         return tuple(out)
 
@@ -144,7 +143,7 @@ class Places:
             return 0, SYMBOLS["N"] - 1, "the KV slots of the pool", ""
         return info.min, sympy.Integer(info.max), f"the range of {i.type.dtype.value}", ""
 
-    def copies(self) -> tuple[tuple[Region, Region], ...]:
+    def copies(self) -> tuple[tuple[Span, Span], ...]:
         """The mode's staging bytes: one packed host->device copy per step, of every input's rows to
         max_bs (the padding included, so no size's graph reads rows an earlier step left: bug class 19;
         a few KiB at most, one copy either way)."""
@@ -153,6 +152,6 @@ class Places:
             return ()
         span = max(b.offset + b.nbytes for b in staged)
         base = self.base[Space.staging.value]
-        return ((Region(Mem.staging_dev, base, torch.uint8, (span,)), Region(Mem.staging_host, base, torch.uint8,
+        return ((Span(Memory.staging_dev, base, torch.uint8, (span,)), Span(Memory.staging_host, base, torch.uint8,
                                                                               (span,))),)
 

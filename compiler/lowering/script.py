@@ -90,7 +90,7 @@ def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
         if a.kind is ArgKind.view:
             views.append(a)
             continue
-        r = a.region
+        r = a.span
         if a.kind is ArgKind.pool:
             make = ("torch.randperm(R * L, generator=g).view(R, L).int() + 1" if a.name == "req_to_token"
                     else "torch.randperm(N, generator=g).int()")
