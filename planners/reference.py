@@ -29,7 +29,9 @@ class DecodePlan:
     call: int = 0  # how many plans this planner has made: proves it ran on every replay
 
 
-class _Planner:
+class RecordingPlanner:
+    """A stand-in that counts its calls and keeps what it derived in its site's state."""
+
     def __init__(self) -> None:
         self.calls = 0
 
@@ -42,35 +44,35 @@ class _Planner:
         return p
 
 
-def _on_host(name: str, t: torch.Tensor) -> None:
+def require_host(name: str, t: torch.Tensor) -> None:
     if t.device.type != "cpu":
         raise PlanError(f"plan() needs {name} on the host; a device tensor forces a blocking copy every replay. "
                         "Compute it in out_graph from the host mirrors (seq_lens_cpu)")
 
 
-class ReferenceDecodePlanner(_Planner):
+class ReferenceDecodePlanner(RecordingPlanner):
     """Stand-in for the decode ``plan()``: the host kv indptr and the last-page lengths."""
 
     def __call__(self, site: Site, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor) -> DecodePlan:
-        _on_host("the kv indptr", indptr_host)
+        require_host("the kv indptr", indptr_host)
         bs = last_page_len_host.shape[0]
         if indptr_host.shape[0] != bs + 1:
             raise PlanError(f"indptr has {indptr_host.shape[0]} entries for batch size {bs}; expected {bs + 1}")
         return self._record(site, bs, int(indptr_host.numpy()[-1]))
 
 
-class ReferencePrefillPlanner(_Planner):
+class ReferencePrefillPlanner(RecordingPlanner):
     """Stand-in for the prefill (verify) ``plan()``: host qo and kv indptrs, nothing from the device."""
 
     def __call__(self, site: Site, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor) -> DecodePlan:
-        _on_host("qo_indptr", qo_indptr_host)
-        _on_host("kv_indptr", kv_indptr_host)
+        require_host("qo_indptr", qo_indptr_host)
+        require_host("kv_indptr", kv_indptr_host)
         if qo_indptr_host.shape != kv_indptr_host.shape:
             raise PlanError(f"qo and kv indptr differ in length: {qo_indptr_host.shape} vs {kv_indptr_host.shape}")
         return self._record(site, kv_indptr_host.shape[0] - 1, int(kv_indptr_host.numpy()[-1]))
 
 
-class ReferenceDevicePlanner(_Planner):
+class ReferenceDevicePlanner(RecordingPlanner):
     """Stand-in for a planner whose partition is computed on the GPU (``plan_on_device``): it gets
     only a constant per size (the last-page lengths, or the query indptr: bs + 1 entries) and has
     nothing to plan on the host."""
@@ -80,5 +82,5 @@ class ReferenceDevicePlanner(_Planner):
         self.indptr = indptr
 
     def __call__(self, site: Site, constant: torch.Tensor) -> DecodePlan:
-        _on_host("the planner's constant", constant)
+        require_host("the planner's constant", constant)
         return self._record(site, constant.shape[0] - int(self.indptr), 0)

@@ -24,7 +24,8 @@ from tests.batches import make_pool
 M = ForwardMode
 GRAPH_MODES = (M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND)
 BACKENDS = ["flashinfer", "flashattention", "flashattention_draft", "triton", "dsv4", "tbo_flashinfer",
-            "tbo_flashattention", "tbo_triton", "multistep_flashinfer", "multistep_triton"]
+            "tbo_flashattention", "tbo_triton", "multistep_flashinfer", "multistep_triton", "flashinfer_mla",
+            "tbo_flashinfer_mla", "multistep_flashinfer_mla"]
 
 
 @attrs.define

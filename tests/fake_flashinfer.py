@@ -74,6 +74,53 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._write(info, buf)
 
 
+class _MLAModule:
+    """The compiled MLA module a plan() picks: its C++ planner records the host arrays it is given."""
+
+    def __init__(self, w):
+        self.w = w
+
+    def plan(self, fws, iws, pws, qo, kv, lens, heads, ckv, causal):
+        for t in (qo, kv, lens):
+            assert t.device.type == "cpu", "FlashInfer's MLA planner reads host arrays"
+        self.w.plans.append((qo.tolist(), kv.tolist(), lens.tolist(), heads, ckv, causal))
+        return ("plan", len(self.w.plans))
+
+
+class BatchMLAPagedAttentionWrapper:
+    """FlashInfer 0.6's MLA wrapper as far as planning goes: plan() picks a module, copies the arrays
+    into the bound buffers in graph mode (device copies of them otherwise), and runs the module's
+    planner on host copies; every planner call is recorded in ``plans``."""
+
+    def __init__(self, workspace, use_cuda_graph=False, qo_indptr=None, kv_indptr=None, kv_indices=None,
+                 kv_len_arr=None, backend="auto"):
+        self._float_workspace_buffer = workspace
+        self._int_workspace_buffer = torch.zeros(8, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.zeros(8, dtype=torch.uint8)
+        self._use_cuda_graph = use_cuda_graph
+        self._qo_indptr_buf, self._kv_indptr_buf, self._kv_indices_buf, self._kv_len_arr_buf = \
+            qo_indptr, kv_indptr, kv_indices, kv_len_arr
+        self.plans: list = []
+        self.full_plans = 0
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_data_type, kv_data_type, use_profiler=False):
+        self._cached_module = _MLAModule(self)
+        self.full_plans += 1
+        if self._use_cuda_graph:
+            self._qo_indptr_buf.copy_(qo_indptr)
+            self._kv_indptr_buf.copy_(kv_indptr)
+            self._kv_indices_buf[: len(kv_indices)].copy_(kv_indices)
+            self._kv_len_arr_buf.copy_(kv_len_arr)
+        else:
+            self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
+            self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
+        self._causal, self._page_size, self._sm_scale = causal, page_size, sm_scale
+        self._plan_info = self._cached_module.plan(
+            self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer,
+            qo_indptr.to("cpu"), kv_indptr.to("cpu"), kv_len_arr.to("cpu"), num_heads, head_dim_ckv, causal)
+
+
 class BatchPrefillWithRaggedKVCacheWrapper:
     """An engine's own ragged prefill wrapper (SGLang builds one at start): never planned here."""
 
@@ -101,6 +148,20 @@ def into_sglang(monkeypatch, bug: bool = False) -> types.ModuleType:
     return fi
 
 
+def into_sglang_mla(monkeypatch) -> types.ModuleType:
+    """This stand-in where SGLang's FlashInfer MLA backend module imports FlashInfer's MLA and ragged
+    wrappers on a GPU, and ``torch`` there making its ``"cuda"`` buffers on the CPU."""
+    import sglang.srt.layers.attention.flashinfer_mla_backend as sgl
+
+    fi = module()
+    monkeypatch.setitem(__import__("sys").modules, "flashinfer", fi)
+    monkeypatch.setattr(sgl, "BatchMLAPagedAttentionWrapper", fi.BatchMLAPagedAttentionWrapper, raising=False)
+    monkeypatch.setattr(sgl, "BatchPrefillWithRaggedKVCacheWrapper", BatchPrefillWithRaggedKVCacheWrapper,
+                        raising=False)
+    monkeypatch.setattr(sgl, "torch", _OnTheCPU())
+    return fi
+
+
 class _OnTheCPU:
     """``torch`` as SGLang's FlashInfer module sees it on a CPU: tensors it makes on ``"cuda"`` are made
     on the CPU (SGLang names the device outright in its CUDA-graph buffers)."""
@@ -113,6 +174,8 @@ class _OnTheCPU:
         def made_here(*args, **kwargs):
             if kwargs.get("device") == "cuda":
                 kwargs["device"] = "cpu"
+            if not torch.cuda.is_available():  # pinned host memory needs a driver
+                kwargs.pop("pin_memory", None)
             return fn(*args, **kwargs)
         return made_here
 
@@ -122,4 +185,5 @@ def module(bug: bool = False, version: str = "0.6.4") -> types.ModuleType:
     fi.__version__ = version
     for cls in (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper):
         setattr(fi, cls.__name__, type(cls.__name__, (cls,), {"bug": bug}))
+    fi.BatchMLAPagedAttentionWrapper = BatchMLAPagedAttentionWrapper
     return fi

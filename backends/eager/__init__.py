@@ -5,10 +5,12 @@ from attnmeta.compiler.ir.errors import UnknownName
 from .dsv4 import EagerDSV4Decode
 from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft
 from .flashinfer import EagerFlashInferDecode
+from .flashinfer_mla import EagerFlashInferMLA
 from .multistep import EagerMultiStep
 from .triton import EagerTritonDecode
 
-EAGER = {"flashinfer": EagerFlashInferDecode, "flashattention": EagerFlashAttentionDecode,
+EAGER = {"flashinfer": EagerFlashInferDecode, "flashinfer_mla": EagerFlashInferMLA,
+         "flashattention": EagerFlashAttentionDecode,
          "triton": EagerTritonDecode, "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft}
 # fields an engine's drafter computes once per round over the prefix (as the multistep specs declare them)
 PER_ROUND = {"triton": ("num_kv_splits", "uneven_batch")}

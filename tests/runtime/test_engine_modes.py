@@ -16,6 +16,8 @@ VARIANTS = [
     ("multistep_triton", {"K": 3, "P": 16, "L": 160}),
     ("tbo_triton", {"sizes": (1, 2, 5), "max_bs": 7}),
     ("flashinfer", {"L": 4096, "max_bs": 4, "sizes": (1, 2)}),  # long context (bug class 22)
+    ("flashinfer_mla", {"P": 64, "L": 256}),  # DeepSeek's 64-token pages (FlashInfer reads token slots)
+    ("tbo_flashinfer_mla", {"sizes": (1, 2, 5), "max_bs": 7}),
 ]
 
 
