@@ -15,10 +15,14 @@ decode and for draft extend (the target's kind of backend, built on the draft ru
 
 from __future__ import annotations
 
+import logging
+
 from attnmeta.compiler.ir.errors import OptionsError
 
 from .backend import FlashInferBackend, TritonBackend, device_planned, resolved_options, split_scratch
 from .served import CompiledModes
+
+log = logging.getLogger("attnmeta.integrations")
 
 try:
     from sglang.srt.layers.attention.flashinfer_backend import (
@@ -118,6 +122,25 @@ DRAFTERS = {"triton": TritonDraftBackend, "flashinfer": FlashInferDraftBackend}
 EXTENDERS = {"triton": TritonBackend, "flashinfer": FlashInferBackend}
 
 
+def _drafter(kind: str, mla: bool):
+    """The draft-decode class of ``kind``; on an MLA model FlashInfer's is SGLang's own MLA drafter
+    (attnmeta compiles MLA's target and draft-extend metadata, not yet its multi-step drafter)."""
+    if mla and kind == "flashinfer":
+        from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAMultiStepDraftBackend
+
+        log.info("EAGLE draft decode on an MLA model: SGLang's own FlashInfer MLA drafter serves it")
+        return FlashInferMLAMultiStepDraftBackend
+    return DRAFTERS[kind]
+
+
+def _extender(kind: str, mla: bool):
+    if mla and kind == "flashinfer":
+        from .mla import FlashInferMLABackend
+
+        return FlashInferMLABackend
+    return EXTENDERS[kind]
+
+
 def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     """SGLang's ``DraftBackendFactory`` picks a backend from a table of its own kinds; teach it
     ``prefix + kind`` for draft decode (the multi-step drafters above) and draft extend (the kind's
@@ -130,13 +153,15 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
 
     def _create_backend(self, backend_name, backend_map, error_template, stamps_children=False):
         runner, extra = self.draft_model_runner, {}
+        mla = getattr(runner, "use_mla_backend", False)
         for kind in DRAFTERS:
             name = prefix + kind
             if stamps_children:  # draft decode: a multi-step container
-                extra[name] = (lambda k=kind, n=name: (n, DRAFTERS[k](runner, self.topk, self.speculative_num_steps))
+                extra[name] = (lambda k=kind, n=name: (n, _drafter(k, mla)(runner, self.topk,
+                                                                            self.speculative_num_steps))
                                if self.speculative_num_steps > 1 else (n, None))
             else:
-                extra[name] = lambda k=kind, n=name: (n, EXTENDERS[k](runner, skip_prefill=False))
+                extra[name] = lambda k=kind, n=name: (n, _extender(k, mla)(runner, skip_prefill=False))
         return original(self, backend_name, {**backend_map, **extra}, error_template, stamps_children)
 
     _create_backend.attnmeta = True

@@ -41,9 +41,13 @@ def factory(kind: str, artifact: str | None = None):
     of that kind builds it (FlashInfer: a new workspace when the runner asks, the plan stream EAGLE uses)."""
 
     def create(runner):
+        if getattr(runner, "use_mla_backend", False) and kind == "flashinfer":  # SGLang's flashinfer does so too
+            from .mla import FlashInferMLABackend
+
+            return FlashInferMLABackend(runner, compiled=_artifact(artifact))
         if getattr(runner, "use_mla_backend", False) and kind != "dsv4":
             raise OptionsError(f"attnmeta_{kind} serves multi-head attention models; this model uses MLA: serve it "
-                               f"with SGLang's own {kind} backend")
+                               f"with attnmeta_flashinfer (FlashInfer MLA) or SGLang's own {kind} backend")
         cls = backend_class(kind)
         if kind == "flashinfer":
             _plan_stream(runner)

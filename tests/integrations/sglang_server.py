@@ -25,11 +25,11 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import torch
-from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.model_config import AttentionArch, ModelConfig
 from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
@@ -47,14 +47,24 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
          "vocab_size": 1024, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
          "torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False}
+# a DeepSeek-V2 (MLA: a compressed KV of 512 plus a rope key of 64, one KV head) small enough for a CPU
+DEEPSEEK = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 512,
+            "intermediate_size": 1024, "moe_intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 4,
+            "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 2, "vocab_size": 1024,
+            "max_position_embeddings": 1024,
+            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "torch_dtype": "bfloat16", "hidden_act": "silu",
+            "tie_word_embeddings": False}
+MODELS = {"llama": LLAMA, "deepseek": DEEPSEEK}
 ROWS = 24  # request rows of the pools (the first reserved); every row's whole width has KV slots of its own
 
 
-def model_dir(context: int = 1024) -> str:
-    d = os.path.join(tempfile.gettempdir(), f"attnmeta-sglang-llama-{context}")
+def model_dir(context: int = 1024, model: str = "llama") -> str:
+    d = os.path.join(tempfile.gettempdir(), f"attnmeta-sglang-{model}-{context}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({**LLAMA, "max_position_embeddings": context}, f)
+        json.dump({**MODELS[model], "max_position_embeddings": context}, f)
     return d
 
 
@@ -62,10 +72,11 @@ class Server:
     """One SGLang server's state, from its flags (``flags``: what a user types after
     ``python -m sglang.launch_server``, without ``--model-path``)."""
 
-    def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu", rows: int = ROWS, context: int = 1024):
+    def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu", rows: int = ROWS, context: int = 1024,
+                 model: str = "llama"):
         register()
-        self.device, self.rows = device, rows
-        path = model_dir(context)
+        self.device, self.rows, self.hidden = device, rows, MODELS[model]["hidden_size"]
+        path = model_dir(context, model)
         args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
         if "--speculative-algorithm" in flags and "--speculative-draft-model-path" not in flags:
             args += ["--speculative-draft-model-path", path]
@@ -108,12 +119,14 @@ class Server:
         r.page_size, r.sliding_window_size, r.init_new_workspace = P, None, False
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
         dt = torch.float32 if self.device == "cpu" else torch.bfloat16
-        r.use_mla_backend, r.kv_cache_dtype, r.dtype = False, dt, dt
+        r.use_mla_backend, r.kv_cache_dtype, r.dtype = mc.attention_arch is AttentionArch.MLA, dt, dt
         dev, width = self.device, mc.context_len + get_req_to_token_extra_context_len()
         slots = self.slots = (self.rows * -(-width // P) + 1) * P
         r.req_to_token_pool = ReqToTokenPool(self.rows - 1, width, dev, False)
-        r.token_to_kv_pool = MHATokenToKVPool(slots, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim,
-                                              mc.num_hidden_layers, dev, False)
+        r.token_to_kv_pool = MLATokenToKVPool(slots, P, r.kv_cache_dtype, mc.kv_lora_rank, mc.qk_rope_head_dim,
+                                              mc.num_hidden_layers, dev, False) if r.use_mla_backend else \
+            MHATokenToKVPool(slots, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim, mc.num_hidden_layers,
+                             dev, False)
         r.token_to_kv_pool_allocator = (
             TokenToKVPoolAllocator(slots, r.kv_cache_dtype, dev, r.token_to_kv_pool, False) if P == 1 else
             PagedTokenToKVPoolAllocator(slots, P, r.kv_cache_dtype, dev, r.token_to_kv_pool, False))
@@ -238,7 +251,7 @@ def draft_decode(server: Server, rows: list[int], seq: list[int]):
 
     K, n = server.spec.speculative_eagle_topk, len(rows)
     spec = EagleDraftInput(topk_p=torch.zeros(n, K), topk_index=torch.zeros(n, K, dtype=torch.int64),
-                           hidden_states=torch.zeros(n, LLAMA["hidden_size"]))
+                           hidden_states=torch.zeros(n, server.hidden))
     fb = _batch(server, server.draft_runner, ForwardMode.DECODE, rows, seq, n * K, spec=spec)
     fb.positions = torch.tensor(seq, dtype=torch.int64, device=server.device).repeat_interleave(K)
     return fb
@@ -252,7 +265,7 @@ def draft_extend(server: Server, rows: list[int], prefix: list[int]):
 
     D, n = server.spec.speculative_num_draft_tokens, len(rows)
     full = torch.full((n,), D, dtype=torch.int32, device=server.device)
-    spec = EagleDraftExtendInput(hidden_states=torch.zeros(n * D, LLAMA["hidden_size"]), num_correct_drafts=full - 1,
+    spec = EagleDraftExtendInput(hidden_states=torch.zeros(n * D, server.hidden), num_correct_drafts=full - 1,
                                  num_accept_tokens=full, num_accept_tokens_cpu=[D] * n, num_tokens_per_req=D)
     seq = [p + D for p in prefix]
     return _batch(server, server.draft_runner, ForwardMode.DRAFT_EXTEND_V2, rows, seq, n * D, spec=spec,
