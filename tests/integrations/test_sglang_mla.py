@@ -54,8 +54,11 @@ def test_sglang_built_its_flashinfer_mla_backend_with_attnmeta_metadata(server):
     assert (o.num_heads, o.num_kv_heads, o.page_size) == (mc.num_attention_heads, 1, server.runner.page_size)
     assert be.adapter.workspace is be.workspace_buffer  # FlashInfer's workspace: SGLang's own
     assert (be.adapter.ckv, be.adapter.kpe, be.adapter.sm_scale) == (mc.kv_lora_rank, mc.qk_rope_head_dim, mc.scaling)
-    if server.speculative:
+    if server.speculative:  # draft extend compiled; draft decode SGLang's own MLA drafter (not compiled yet)
+        from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAMultiStepDraftBackend
+
         assert isinstance(server.draft_extend, FlashInferMLABackend)
+        assert type(server.draft_decode) is FlashInferMLAMultiStepDraftBackend
 
 
 def test_every_step_plans_what_sglangs_own_mla_backend_plans(server):
