@@ -5,7 +5,7 @@
 #   run(command="bash tools/h200.sh bash tools/h200_verify.sh tier engine", carry=[".whl", ".sgl"])
 #
 # Stages (each writes its log under $OUT, else /tmp/attnmeta-verify, and prints a summary line):
-#   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu), about 3 minutes
+#   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu; FlashInfer MLA included), about 3 minutes
 #   engine    SGLang's real engine, every case, four at a time (tests/gpu/test_sglang_engine.py), about 4
 #   sglang    attnmeta_flashinfer beside SGLang's own FlashInfer backend (test_sglang_flashinfer.py), about 3
 #   sanitize  compute-sanitizer memcheck on the FlashInfer shapes and the Triton engine tests, alone, about 4
