@@ -93,6 +93,33 @@ def _plan_on_device_with(version: str):
 
 
 GRAPH = 'graph "g" [] {\n  input %x: i32[bs]@device batch fill=1\n  output y = %x\n'
+def _planner_without_site():
+    def plan(indptr_host, last_page_len_host):  # written before planners got their site
+        return "planned"
+
+    from tests.batches import make_pool
+
+    _step(backend=_compiled().instantiate(make_pool(8, 16), planners={"flashinfer.decode_plan": plan}))
+
+
+def _planner_after_capture():
+    from tests.batches import capture, make_batch
+
+    be = _backend()
+    capture(be, make_batch(4, 16, 8, seed=0, max_len=8))
+    be.set_planner("flashinfer.decode_plan", lambda site, indptr, last: "planned")
+
+
+def _mla_lengths(lens):
+    from attnmeta.planners.flashinfer_mla import ReferenceMLAPlanner
+    from attnmeta.runtime import ForwardMode
+    from attnmeta.runtime.planning import Site
+
+    site = Site.detached("flashinfer.mla_plan", ForwardMode.DECODE, 2)
+    i32 = functools.partial(_ints, dtype=torch.int32)
+    ReferenceMLAPlanner()(site, i32(0, 1, 2), i32(0, 3, 5), i32(*lens))
+
+
 CASES = [
     Case("a pool row outside the pool (`req_pool_indices_cpu = [1, 99, 2]`)",
          lambda: _step(req_pool_indices_cpu=_ints(1, 99, 2)), "BatchError",
@@ -146,6 +173,12 @@ CASES = [
          lambda: _plan_on_device_with("0.7.0"), "PlanError", "compiled with plan_on_device, so no step has host"),
     Case("`--disable-pass plan-buffers` (the runtime needs it)",
          lambda: _compiled("triton", disabled_passes=("plan-buffers",)), "OptionsError", "cannot be disabled"),
+    Case("an engine planner written without the site argument", _planner_without_site, "PlanError",
+         "planner 'flashinfer.decode_plan' cannot be called planner(site, *inputs) with the 2 host inputs"),
+    Case("a planner swapped after capture", _planner_after_capture, "StaleBufferError",
+         "planner 'flashinfer.decode_plan' cannot change: graphs"),
+    Case("MLA kv lengths that disagree with the kv indptr (FlashInfer 0.7 refuses them)",
+         lambda: _mla_lengths((3, 3)), "PlanError", "MLA plan(): the kv lengths disagree with the kv indptr's steps"),
     Case(".ir text with a missing `}`", lambda: _parse(GRAPH), "ParseError", "graph 'g' is not closed"),
     Case(".ir text after the closing `}`", lambda: _parse(GRAPH + "}\n  output z = %x\n"), "ParseError",
          "text after the closing '}'"),
