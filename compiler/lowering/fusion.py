@@ -21,9 +21,9 @@ import tempfile
 import attrs
 
 from ..ir import Graph
-from ..passes.rowforms import ROWFORMS
 from .memo import Memo
 from .places import LoweringError
+from .rowemit import ROWEMIT
 
 _VAR = re.compile(r"^\s+([a-z]+)_(\d+) = ")  # an emitted variable: <form>_<positional id> = ...
 
@@ -84,7 +84,7 @@ class _Emitter:
             self.notes[name] = note
         return name
 
-    # --- value forms (the row forms in passes/rowforms.py call these) ---
+    # --- value forms (the row forms in lowering/rowemit.py call these) ---
     def name(self, n, f: str) -> str:
         return f"{f}_{self.nm(n.name)}"
 
@@ -145,7 +145,7 @@ class _Emitter:
             at = "i" if f == "s" else "offs, mask=m, other=0"
             return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
         n = self.nodes[x]
-        form = ROWFORMS[n.op]
+        form = ROWEMIT[n.op]
         if form.emit is None:
             raise LoweringError(f"{n.op.value} %{x} is only stored by its kernel; nothing in it may read it")
         return form.emit(self, n, f)
@@ -153,7 +153,7 @@ class _Emitter:
     # --- stores ---
     def store(self, x: str) -> None:
         n, p = self.nodes[x], f"o_{self.nm(x)}"
-        form = ROWFORMS[n.op]
+        form = ROWEMIT[n.op]
         if form.store is not None and form.store(self, n, p):
             return
         if (w := self.width(x)) is not None:
