@@ -166,6 +166,9 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if unsupported:
         raise OptionsError(f"backend {spec.name!r} does not support modes {[m.name.lower() for m in unsupported]}; "
                            f"it supports {[m.name.lower() for m in spec.modes]}")
+    if spec.page_sizes and options.page_size not in spec.page_sizes:
+        raise OptionsError(f"backend {spec.name!r} serves page sizes {list(spec.page_sizes)}, not "
+                           f"{options.page_size} (--page-size)")
     check_disabled(options)
     check_dump_sizes(options)
     timing = Timing()

@@ -33,6 +33,8 @@ class BackendSpec:
     # Columns a step of this mode reads past seq_lens (verify drafts, a multi-step drafter's slots);
     # specs declare seq_lens' bound from it (L - headroom), and the runtime refuses longer sequences.
     headroom: Callable[[ForwardMode, CompileOptions], int] = lambda mode, options: 0
+    # The page sizes its kernels serve (empty: any); compile_backend refuses others by name.
+    page_sizes: tuple[int, ...] = ()
     # The planners its host_calls name, as stand-ins a backend gets unless the caller passes its own:
     # target -> a zero-argument factory (a fresh planner per instantiated backend).
     planners: Mapping[str, Callable[[], object]] = attrs.field(factory=dict, eq=False)

@@ -23,7 +23,7 @@ MINE = os.path.join(ROOT, "examples", "mine.py")
 def _every_mode(name: str) -> CompileOptions:
     modes = [m.name.lower() for m in get_spec(name).modes if m.name != "EXTEND"]
     return CompileOptions(max_bs=8, capture_sizes=(1, 4, 8), max_context_len=600, modes=modes,
-                          page_size=256 if "dsv4" in name else 1)
+                          page_size=256 if "dsv4" in name else (get_spec(name).page_sizes or (1,))[0])
 
 
 @pytest.mark.parametrize("name", list_backends())

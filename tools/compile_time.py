@@ -19,12 +19,17 @@ from attnmeta.backends import get_spec, list_backends
 from attnmeta.compiler import CompileOptions, compile_backend
 
 
+def page_size(name: str) -> int:
+    """DSV4's 256, else the first page size a backend serves (1 where it serves any)."""
+    return 256 if name == "dsv4" else (get_spec(name).page_sizes or (1,))[0]
+
+
 def every_backend(decode: bool) -> None:
     rows, t0 = [], time.perf_counter()
     for name in list_backends():
         modes = ("decode",) if decode else tuple(m.name.lower() for m in get_spec(name).modes)
         t = time.perf_counter()
-        cb = compile_backend(name, CompileOptions(max_bs=256, page_size=256 if name == "dsv4" else 1, modes=modes))
+        cb = compile_backend(name, CompileOptions(max_bs=256, page_size=page_size(name), modes=modes))
         rows.append((name, len(cb.plans), time.perf_counter() - t))
     total = time.perf_counter() - t0
     print("| backend | plans | seconds |\n|---|---|---|")
@@ -64,7 +69,7 @@ def artifact_cost(repeat: int) -> None:
 
     rows = []
     for name in list_backends():
-        opts = CompileOptions(max_bs=256, page_size=256 if name == "dsv4" else 1,
+        opts = CompileOptions(max_bs=256, page_size=page_size(name),
                               modes=tuple(m.name.lower() for m in get_spec(name).modes))
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "a.attnmeta")

@@ -6,12 +6,14 @@ from .dsv4 import EagerDSV4Decode
 from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft
 from .flashinfer import EagerFlashInferDecode
 from .flashinfer_mla import EagerFlashInferMLA
+from .flashmla import EagerFlashMLA
 from .multistep import EagerMultiStep
 from .triton import EagerTritonDecode
+from .trtllm_mla import EagerTRTLLMMLA
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashinfer_mla": EagerFlashInferMLA,
-         "flashattention": EagerFlashAttentionDecode,
-         "triton": EagerTritonDecode, "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft}
+         "flashattention": EagerFlashAttentionDecode, "triton": EagerTritonDecode, "trtllm_mla": EagerTRTLLMMLA,
+         "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft, "flashmla": EagerFlashMLA}
 # fields an engine's drafter computes once per round over the prefix (as the multistep specs declare them)
 PER_ROUND = {"triton": ("num_kv_splits", "uneven_batch")}
 

@@ -37,13 +37,13 @@ def compare_metadata(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) 
             ok = int(got) >= want
         elif isinstance(want, int):
             ok = int(got) == want
+        elif field.endswith(("page_table", "block_kv_indices")):  # the pages each row's length covers
+            got, want = got.cpu(), want.cpu()
+            ok = all(torch.equal(got[i, : -(-s // page_size)], want[i, : -(-s // page_size)])
+                     for i, s in enumerate(_key_lens(ref, field, seq_lens_cpu)))
         elif field.endswith("kv_indices"):
             n = int(getattr(ref, field[: -len("kv_indices")] + "kv_indptr")[-1])
             ok = torch.equal(got[:n].cpu(), want[:n].cpu())
-        elif field.endswith("page_table"):
-            got, want = got.cpu(), want.cpu()
-            ok = all(torch.equal(got[i, : -(-s // page_size)], want[i, : -(-s // page_size)])
-                     for i, s in enumerate(seq_lens_cpu.tolist()))
         elif want.dim() == 0:
             ok = torch.equal(got.reshape(()).cpu(), want.cpu())
         else:
@@ -51,3 +51,14 @@ def compare_metadata(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int = 1) 
         if not ok:
             bad.append(field)
     return bad
+
+
+def _key_lens(ref, field: str, seq_lens_cpu: torch.Tensor) -> list[int]:
+    """The key length of each row a page table covers: the twin's own (a verify's prefix and drafts),
+    where its metadata has them beside the table, else the batch's lengths."""
+    prefix = field[: -len("page_table")] if field.endswith("page_table") else field[: -len("block_kv_indices")]
+    for name in ("cache_seqlens_int32", "seq_lens_k"):
+        lens = getattr(ref, prefix + name, None)
+        if isinstance(lens, torch.Tensor):
+            return lens.cpu().tolist()
+    return seq_lens_cpu.tolist()

@@ -24,7 +24,8 @@ from .types import DType, Dynamic, Placement, TensorType, dim
 @attrs.frozen
 class Binds:
     """What a planner (``host_call``) plans into: role -> the IR value of a metadata field. Values,
-    not field names, so inlining (TBO children, MultiStep steps) and CSE rename them like inputs;
+    not field names, so inlining (TBO children, MultiStep steps) renames them like inputs (and CSE
+    never merges them: a planner may write what it binds);
     lowering turns each into the field's static buffer, handed to the planner as its site."""
 
     pairs: tuple[tuple[str, str], ...] = ()

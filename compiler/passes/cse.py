@@ -11,22 +11,24 @@ from .registry import PassContext, register_pass
 def cse(g: Graph, ctx: PassContext) -> Graph:
     """Requires a verified graph. Merges nodes computing the same op on the
     same inputs with the same attributes in the same region; uses and
-    outputs (and planners' binds) are redirected to the first. Planners are never merged."""
+    outputs are redirected to the first. Planners are never merged, nor the values they bind (a
+    planner may write them), so their binds never need redirecting."""
     seen: dict[tuple, str] = {}
     rename: dict[str, str] = {}
     nodes = []
+    # a value a planner binds may be one it writes (FlashMLA's schedule into a constant's buffer): two
+    # such values are two buffers however alike the graph computes them
+    bound = {v for n in g.nodes if n.op is Op.host_call for v in n.a["binds"].values()}
     for n in g.nodes:
         ins = tuple(rename.get(x, x) for x in n.inputs)
         n2 = n if ins == n.inputs else attrs.evolve(n, inputs=ins)
         key = (n2.op, ins, n2.attrs, n2.region, n2.type)
-        if n2.op not in EFFECTFUL and key in seen:
+        if n2.op not in EFFECTFUL and n2.name not in bound and key in seen:
             rename[n2.name] = seen[key]
             continue
         seen.setdefault(key, n2.name)
         nodes.append(n2)
     if not rename:
         return g
-    nodes = [attrs.evolve(n, attrs=tuple((k, v.rename(lambda x: rename.get(x, x)) if k == "binds" else v)
-                                         for k, v in n.attrs)) if n.op is Op.host_call else n for n in nodes]
     outputs = tuple(attrs.evolve(o, value=rename.get(o.value, o.value)) for o in g.outputs)
     return attrs.evolve(g, nodes=tuple(nodes), outputs=outputs)

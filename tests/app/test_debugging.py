@@ -28,7 +28,7 @@ def _files(d) -> list[str]:
 def test_dump_files_scale_with_modes_and_selected_sizes(backend, dump_bs, tmp_path):
     modes = [m.name.lower() for m in get_spec(backend).modes if m.name != "EXTEND"]
     opts = CompileOptions(max_bs=8, capture_sizes=(1, 2, 4, 8), max_context_len=600, modes=modes,
-                          dump_dir=str(tmp_path), dump_bs=dump_bs)
+                          dump_dir=str(tmp_path), dump_bs=dump_bs, page_size=(get_spec(backend).page_sizes or (1,))[0])
     cb = compile_backend(backend, opts)
     run = os.path.realpath(tmp_path / backend / "latest")
     sizes = len(dump_bs) or 1  # the default: the largest captured size

@@ -18,6 +18,11 @@ VARIANTS = [
     ("flashinfer", {"L": 4096, "max_bs": 4, "sizes": (1, 2)}),  # long context (bug class 22)
     ("flashinfer_mla", {"P": 64, "L": 256}),  # DeepSeek's 64-token pages (FlashInfer reads token slots)
     ("tbo_flashinfer_mla", {"sizes": (1, 2, 5), "max_bs": 7}),
+    ("trtllm_mla", {"P": 64, "L": 256}),  # TRT-LLM MLA serves pages of 32 and 64 tokens
+    ("trtllm_mla", {"P": 32, "L": 200}),
+    ("tbo_trtllm_mla", {"P": 64, "L": 256}),
+    ("flashmla", {"P": 64, "L": 256}),  # FlashMLA: 64-token pages, its tile scheduler in the graph
+    ("tbo_flashmla", {"P": 64, "L": 320}),
 ]
 
 

@@ -69,18 +69,20 @@ def test_a_planner_plans_into_the_fields_its_spec_binds():
     assert len(planner.seen) == 3  # one hook, added once, run every step
 
 
-def test_cse_and_the_binding_follow_a_merged_value():
-    """A bound value CSE merges into an equal one: the planner binds the survivor's buffer."""
+def test_cse_keeps_a_bound_value_its_own_buffer():
+    """Two values the graph computes alike stay two when a planner binds one: a planner may write
+    what it binds (FlashMLA's schedule), so merging them would let it write the other field too."""
     g = mine(ForwardMode.DECODE, OPTS, twice=True)
-    assert dict(g.node("plan").a["binds"].pairs)["pages"] == "again"
     merged = cse(g, PassContext(OPTS, ForwardMode.DECODE))
-    assert dict(merged.node("plan").a["binds"].pairs)["pages"] == "ones"
+    assert {n.name for n in merged.nodes} >= {"ones", "again"}
+    assert dict(merged.node("plan").a["binds"].pairs)["pages"] == "again"
     spec = BackendSpec("mine2", lambda m, o: mine(m, o, twice=True), (ForwardMode.DECODE,),
                        planners={"mine.plan": Planner})
     be = compile_backend(spec, OPTS).instantiate(make_pool(ROWS, L))
     be.init_forward_metadata(make_batch(2, L, ROWS, seed=1))
     site = be.bound(ForwardMode.DECODE, 2).sites["plan"]
-    assert site.fields["pages"].tolist() == [1, 1]
+    assert site.fields["pages"].data_ptr() != be.forward_metadata.ones.data_ptr()
+    assert site.fields["pages"].data_ptr() == be.forward_metadata.again.data_ptr()
 
 
 def test_tbo_children_bind_their_own_fields():

@@ -1,0 +1,134 @@
+"""FlashMLA's tile scheduler (``get_mla_metadata``) as a kernel recorded with the metadata graph.
+
+FlashMLA's decode kernel runs ``num_sm_parts`` persistent parts; its scheduler splits every
+request's key blocks (64 tokens each, plus a fixed overhead of 5 blocks per request) greedily
+across the parts, writing each part's ``[begin_idx, begin_block, end_idx, end_block,
+begin_n_split]`` (``tile_scheduler_metadata``, 8 words a part, the last three unused) and each
+request's cumulative split count (``num_splits``). SGLang calls it every step from its backend;
+here it is one Triton program written from FlashMLA's dense BF16 SM90 source (its single-warp
+``get_mla_metadata_kernel`` and the host's part count, ``max(sm_count / h_k /
+ceil(q_tokens_per_head_k / 64), 1)``), launched after the metadata graph from the step's
+``cache_seqlens`` into the bound fields, so capture records it and every replay reruns it. No host
+work per step. ``schedule`` is the same algorithm in Python, line by line: the tests' oracle.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from attnmeta.compiler.lowering.launch import launch
+from attnmeta.compiler.lowering.triton_kernels import jit
+from attnmeta.runtime.planning import Site
+
+SCHEDULER = "flashmla.tile_schedule"
+BLOCK_N, OVERHEAD, META_WORDS = 64, 5, 8  # key block, fixed overhead in blocks, words per part
+
+
+def num_sm_parts(sm_count: int, q_tokens_per_head_k: int, heads_k: int = 1) -> int:
+    """The host's part count for dense BF16 MLA on SM90."""
+    return max(sm_count // heads_k // -(-q_tokens_per_head_k // 64), 1)
+
+
+def schedule(seqlens: list[int], parts: int, block_n: int = BLOCK_N, overhead: int = OVERHEAD):
+    """FlashMLA's scheduler in Python: ``(meta [parts][5], num_splits [bs + 1])``."""
+    bs = len(seqlens)
+    if bs == 0:  # no requests (a TBO child of none): every part empty, ending before request 0
+        return [[0, 0, -1, 0, 0] for _ in range(parts)], [0]
+    last = [max(s - 1, 0) // block_n for s in seqlens]  # a request's key blocks: 0 .. last
+    blocks = [x + 1 for x in last]
+    payload = -(-sum(b + overhead for b in blocks) // parts) + overhead
+    splits, meta = [0] * (bs + 1), []
+    idx = block = n_split = cum = 0
+    for _ in range(parts):
+        # FlashMLA reads the begin block of request ``idx`` even once every request is placed: past the
+        # batch, its shared array is followed by the last-block array, whose first entry it reads
+        begin = [idx, block + (0 if idx < bs else last[0]), 0, 0, n_split]
+        remain = payload
+        while idx < bs:
+            left = blocks[idx] - block
+            if remain >= left + overhead:
+                cum += n_split + 1
+                splits[idx + 1] = cum
+                remain -= left + overhead
+                idx, block, n_split = idx + 1, 0, 0
+            else:
+                if remain - overhead > 0:
+                    block += remain - overhead
+                    n_split += 1
+                break
+        begin[2] = idx if block > 0 else idx - 1
+        begin[3] = block if block > 0 else (0 if seqlens[idx - 1] == 0 else last[idx - 1] + 1)
+        meta.append(begin)
+    return meta, splits
+
+
+@jit
+def _tile_schedule(seqlens, meta, splits, bs, parts, BLOCK_N: tl.constexpr, OVERHEAD: tl.constexpr,
+                   BS: tl.constexpr):
+    offs = tl.arange(0, BS)
+    s = tl.load(seqlens + offs, mask=offs < bs, other=0)
+    total = tl.sum(tl.where(offs < bs, tl.maximum(s - 1, 0) // BLOCK_N + 1 + OVERHEAD, 0), axis=0)
+    payload = (total + parts - 1) // parts + OVERHEAD
+    last0 = tl.maximum(tl.load(seqlens, mask=bs > 0, other=0) - 1, 0) // BLOCK_N  # an empty batch reads nothing
+    tl.store(splits, 0)
+    idx = tl.zeros([], tl.int32)
+    block = tl.zeros([], tl.int32)
+    n_split = tl.zeros([], tl.int32)
+    cum = tl.zeros([], tl.int32)
+    for p in range(0, parts):
+        tl.store(meta + p * 8, idx)
+        tl.store(meta + p * 8 + 1, block + tl.where(idx < bs, 0, last0))
+        tl.store(meta + p * 8 + 4, n_split)
+        remain = payload
+        going = idx < bs
+        while going:
+            left = tl.maximum(tl.load(seqlens + idx) - 1, 0) // BLOCK_N + 1 - block
+            if remain >= left + OVERHEAD:
+                cum += n_split + 1
+                tl.store(splits + idx + 1, cum)
+                remain -= left + OVERHEAD
+                idx += 1
+                block = 0
+                n_split = 0
+                going = idx < bs
+            else:
+                if remain - OVERHEAD > 0:
+                    block += remain - OVERHEAD
+                    n_split += 1
+                going = False
+        prev = tl.maximum(idx - 1, 0)
+        s_prev = tl.load(seqlens + prev, mask=bs > 0, other=0)
+        end_block = tl.where(s_prev == 0, 0, tl.maximum(s_prev - 1, 0) // BLOCK_N + 1)
+        tl.store(meta + p * 8 + 2, tl.where(block > 0, idx, idx - 1))
+        tl.store(meta + p * 8 + 3, tl.where(block > 0, block, end_block))
+
+
+def tile_schedule(seqlens: torch.Tensor, meta: torch.Tensor, splits: torch.Tensor) -> None:
+    """FlashMLA's schedule of ``seqlens`` (int32 [bs]) into ``meta`` ([parts, 8]) and ``splits`` ([bs + 1])."""
+    bs, parts = seqlens.shape[0], meta.shape[0]
+    launch(lambda: _tile_schedule[(1,)](seqlens, meta, splits, bs, parts, BLOCK_N=BLOCK_N, OVERHEAD=OVERHEAD,
+                                         BS=triton.next_power_of_2(max(bs, 1))))
+
+
+class FlashMLAScheduler:
+    """The planner of the ``flashmla`` spec: no host work; on a site's first call it adds the
+    scheduler kernel after the metadata graph, on the fields the spec binds, and returns the
+    same object every step (``(tile_scheduler_metadata, num_splits)``, SGLang's pair)."""
+
+    def __call__(self, site: Site):
+        st = site.state
+        if "meta" not in st:
+            seqlens, meta, splits = (site.field(r) for r in ("cache_seqlens", "tile_scheduler_metadata",
+                                                            "num_splits"))
+            st["meta"] = (meta, splits)
+            site.after_graph(functools.partial(tile_schedule, seqlens, meta, splits))
+        return st["meta"]
+
+
+def standins() -> dict:
+    """The scheduler is attnmeta's own kernel, on any device: the spec's planner, not a stand-in."""
+    return {SCHEDULER: FlashMLAScheduler}
