@@ -1,5 +1,7 @@
 """TRT-LLM MLA metadata (SGLang's ``trtllm_mla``, Blackwell's default for DeepSeek and Kimi), declared
-once. No planner: the trtllm-gen kernels read a page table (``block_kv_indices``: page ids, as
+once; SGLang's CuTe-DSL MLA backend (``cutedsl_mla``) prepares the same metadata with the same code
+(it subclasses TRT-LLM's and overrides only the kernel call), so ``CUTEDSL_SPEC`` is this spec
+under its name. No planner: the trtllm-gen kernels read a page table (``block_kv_indices``: page ids, as
 SGLang's ``create_flashmla_kv_indices_triton`` writes them from the request table) and int32 key
 lengths (``seq_lens_k``); the longest key length they are told is the context length, a constant.
 
@@ -13,6 +15,8 @@ the whole sequence. Only the pages a row's length covers are written; kernels re
 from __future__ import annotations
 
 import math
+
+import attrs
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, SpecBuilder
@@ -51,3 +55,5 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
 SPEC = BackendSpec("trtllm_mla", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="TRT-LLM MLA (Blackwell): page table of page ids at a padded static width, int32 key lengths",
                    headroom=verify_headroom, page_sizes=(32, 64))
+CUTEDSL_SPEC = attrs.evolve(SPEC, name="cutedsl_mla",
+                            doc="CuTe-DSL MLA (Blackwell): TRT-LLM MLA's page table and key lengths, the same code")

@@ -13,6 +13,7 @@ from .trtllm_mla import EagerTRTLLMMLA
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashinfer_mla": EagerFlashInferMLA,
          "flashattention": EagerFlashAttentionDecode, "triton": EagerTritonDecode, "trtllm_mla": EagerTRTLLMMLA,
+         "cutedsl_mla": EagerTRTLLMMLA,
          "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft, "flashmla": EagerFlashMLA}
 # fields an engine's drafter computes once per round over the prefix (as the multistep specs declare them)
 PER_ROUND = {"triton": ("num_kv_splits", "uneven_batch")}

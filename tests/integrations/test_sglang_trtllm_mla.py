@@ -1,5 +1,5 @@
-"""attnmeta's ``trtllm_mla`` spec against SGLang's own ``TRTLLMMLABackend`` metadata code on the same
-request table and batches.
+"""attnmeta's ``trtllm_mla`` spec (and ``cutedsl_mla``, the same spec) against SGLang's own
+``TRTLLMMLABackend`` and ``CuteDslMLABackend`` metadata code on the same request table and batches.
 
 TRT-LLM's MLA kernels run on Blackwell only, and SGLang's backend is built for one; its metadata code
 is not. The oracle is SGLang's own capture-and-replay body (``_init_cuda_graph_metadata``, then
@@ -18,6 +18,7 @@ pytest.importorskip("sglang.srt.layers.attention.trtllm_mla_backend", reason="SG
 import random
 
 import torch
+from sglang.srt.layers.attention.cutedsl_mla_backend import CuteDslMLABackend
 from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLABackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode as SGLangMode
 
@@ -40,11 +41,11 @@ def server(request):
                      model="deepseek")
 
 
-def sglangs(server):
-    """SGLang's TRT-LLM MLA backend as its __init__ and init_cuda_graph_state leave what the
-    metadata code reads."""
+def sglangs(server, cls):
+    """SGLang's backend ``cls`` as its __init__ and init_cuda_graph_state leave what the metadata code
+    reads."""
     r = server.runner
-    t = TRTLLMMLABackend.__new__(TRTLLMMLABackend)
+    t = cls.__new__(cls)
     t.page_size, t.max_context_len, t.num_draft_tokens = r.page_size, server.model_config.context_len, D
     t.req_to_token, t.kv_index_translator, t.device = r.req_to_token_pool.req_to_token, r.kv_index_translator, "cpu"
     t.decode_cuda_graph_metadata = {}
@@ -53,15 +54,16 @@ def sglangs(server):
     return t
 
 
-def test_every_mode_writes_what_sglangs_trtllm_mla_code_writes(server):
+@pytest.mark.parametrize(("name", "cls"), [("trtllm_mla", TRTLLMMLABackend), ("cutedsl_mla", CuteDslMLABackend)])
+def test_every_mode_writes_what_sglangs_code_writes(server, name, cls):
     s, rng = server, random.Random(3)
     r2t = s.runner.req_to_token_pool.req_to_token
     P = s.runner.page_size
-    cb = compile_backend("trtllm_mla", CompileOptions(
+    cb = compile_backend(name, CompileOptions(
         max_bs=MAX_BS, capture_sizes=(MAX_BS,), max_context_len=r2t.shape[1], page_size=P,
         num_draft_tokens=D, modes=("decode", "target_verify", "draft_extend")))
     be = cb.instantiate(r2t)
-    t = sglangs(s)
+    t = sglangs(s, cls)
     for step in range(12):
         ours_mode, theirs_mode = MODES[step % 3]
         n = rng.randint(1, MAX_BS)

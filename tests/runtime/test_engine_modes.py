@@ -21,6 +21,7 @@ VARIANTS = [
     ("trtllm_mla", {"P": 64, "L": 256}),  # TRT-LLM MLA serves pages of 32 and 64 tokens
     ("trtllm_mla", {"P": 32, "L": 200}),
     ("tbo_trtllm_mla", {"P": 64, "L": 256}),
+    ("cutedsl_mla", {"P": 64, "L": 256}),  # CuTe-DSL MLA: TRT-LLM MLA's metadata
     ("flashmla", {"P": 64, "L": 256}),  # FlashMLA: 64-token pages, its tile scheduler in the graph
     ("tbo_flashmla", {"P": 64, "L": 320}),
 ]
