@@ -14,7 +14,7 @@ import torch
 from attnmeta.backends.eager import get_eager
 from attnmeta.backends.eager.compare import compare_metadata, padded
 from attnmeta.backends.eager.dsv4 import swa_table
-from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.compiler import CompileOptions, OptionsError, compile_backend, get_spec
 from attnmeta.sim import DecodeModel, DraftModel, DraftRunner, GraphRunner
 from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool, dsv4_attention_from_pool
 from attnmeta.sim.models import DSV4Model
@@ -49,6 +49,11 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
     dsv4 = backend.removeprefix("tbo_") == "dsv4"
     if dsv4:
         max_context_len = max(max_context_len, 640)  # long enough for compressed blocks of 128 and pages of 256
+    served = get_spec(backend).page_sizes
+    if served and 1 not in served and not dsv4:
+        raise OptionsError(f"the demo's serving simulation hands out token slots (pages of one token); {backend} "
+                           f"serves pages of {list(served)} tokens: attnmeta compile {backend} --page-size "
+                           f"{served[0]} compiles it; the test suite drives it (tests/runtime/test_engine_modes.py)")
     t0 = time.perf_counter()
     compiled = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=capture_sizes,
                                                        max_context_len=max_context_len, num_steps=num_steps,

@@ -89,7 +89,8 @@ def test_demo_short_run(capsys):
     assert "metadata mismatches        0" in out and out.rstrip().endswith("OK")
 
 
-@pytest.mark.parametrize("backend", ["flashattention", "triton", "tbo_flashinfer", "dsv4", "flashattention_draft"])
+@pytest.mark.parametrize("backend", ["flashattention", "triton", "tbo_flashinfer", "dsv4", "flashattention_draft",
+                                     "flashinfer_mla"])
 def test_demo_every_backend_matches_the_pool_oracle(backend):
     """Attention through each backend's metadata (page-table attention, the Triton split-KV kernel
     under the interpreter, TBO, DSV4's sparse SWA + compressed attention, the FlashAttention drafter's
@@ -99,6 +100,16 @@ def test_demo_every_backend_matches_the_pool_oracle(backend):
     r = run_demo(backend, steps=10, max_bs=12, capture_sizes=(1, 4, 8))
     assert r.mismatches == 0 and r.steps == 10
     assert r.max_abs_diff < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["flashmla", "trtllm_mla", "cutedsl_mla"])
+def test_the_demo_names_why_it_cannot_serve_a_paged_only_backend(backend, capsys):
+    """The demo's pool is token-granular; a backend that serves only larger pages is refused in one
+    line that says how to compile it instead."""
+    assert main(["demo", "--backend", backend, "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{backend} serves pages of" in err and f"attnmeta compile {backend} --page-size" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_dsv4_attention_oracle_is_hand_checkable():
