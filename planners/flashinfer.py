@@ -190,12 +190,9 @@ class FlashInferDecodeAdapter:
 
     @staticmethod
     def _on_gpu(site: Site) -> bool:
-        """Whether the site's partition is planned on the GPU, after the metadata graph."""
-        dev = site.state.get("device")
-        if dev is None:
-            return False
-        site.after_graph(dev)
-        return True
+        """Whether the site's partition is planned on the GPU, after the metadata graph (its kernel
+        was added to the site's hooks once, when it was made)."""
+        return site.state.get("device") is not None
 
     def _device_planner(self, site: Site, w, prefill: bool, replan, first: torch.Tensor):
         """The wrapper's partition planned on the GPU from now on, if this FlashInfer's planner is one
@@ -257,6 +254,8 @@ class FlashInferDecodeAdapter:
                 pack = functools.partial(pack_mask, mask, qo, kv, extra["custom_mask_buf"], extra["mask_indptr_buf"],
                                          mask.numel() // site.max_bs)
             site.state.update(empty=idx[:0], pack=pack, device=None)
+            if pack is not None:
+                site.after_graph(pack)  # every step packs its mask, before any partition kernel
             return self.fi.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=kv,
                 paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra)
@@ -279,8 +278,6 @@ class FlashInferDecodeAdapter:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
         hq, hkv, d = self.heads
         masked = st["pack"] is not None
-        if masked:
-            site.after_graph(st["pack"])  # every replay packs this step's mask
         qo_host = qo_indptr_host.clone()
 
         def replan(kv_indptr: torch.Tensor) -> None:

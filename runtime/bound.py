@@ -47,11 +47,11 @@ class BoundPlan:
         return v
 
     def rebind_planner(self, target: str, planners: dict) -> None:
-        """Every site of planner ``target`` to ``planners[target]``, with fresh state."""
+        """Every site of planner ``target`` to ``planners[target]``, with fresh state and no hooks of the old one."""
         for s in self.binding.sites:
             if s.target == target:
                 site = self.sites[s.node]
-                site.state.clear()
+                site.reset()
                 self.calls[s.node] = planner_call(planners, site, len(s.inputs))
 
     @property

@@ -42,6 +42,7 @@ class Site:
     fields: Mapping[str, torch.Tensor]  # role (from the spec's binds) -> the field's static buffer
     hooks: list[Callable[[], None]]  # run after the metadata graph, recorded with it
     state: dict = attrs.Factory(dict)  # the planner's own: its wrapper, its plan, ...
+    _added: list = attrs.Factory(list)  # the hooks this site added (a new planner takes them out)
 
     @classmethod
     def detached(cls, target: str, mode: ForwardMode, bs: int, device="cpu") -> Site:
@@ -61,6 +62,14 @@ class Site:
         """Run ``fn`` after the metadata graph every step, recorded with it (once per site)."""
         if fn not in self.hooks:
             self.hooks.append(fn)
+            self._added.append(fn)
+
+    def reset(self) -> None:
+        """Forget what the planner made: its state and the hooks it added (a new planner serves it)."""
+        for fn in self._added:
+            self.hooks.remove(fn)
+        self._added.clear()
+        self.state.clear()
 
 
 def make_site(s, mode: ForwardMode, bs: int, backend, views: Callable, hooks: list) -> Site:

@@ -32,7 +32,7 @@ class EagerFlashMLA:
             keys = seq
         for i, (row, n) in enumerate(zip(fb.req_pool_indices[:bs].tolist(), keys, strict=True)):
             pages = -(-n // PAGE)
-            self.table[i, :pages] = self.req_to_token[row, torch.arange(pages) * PAGE] // PAGE
+            self.table[i, :pages] = self.req_to_token[row, torch.arange(pages, device=self.table.device) * PAGE] // PAGE
         q = D if mode.is_target_verify() or mode.is_draft_extend() else 1
         parts = num_sm_parts(self.sm_count, q * self.heads)
         meta, splits = schedule(keys, parts)

@@ -20,7 +20,7 @@ import random
 
 from attnmeta.integrations.sglang.mla import FlashInferMLABackend
 from tests import fake_flashinfer
-from tests.integrations.sglang_server import ROWS, Runners, Server, decode, decode_view, draft_extend, verify
+from tests.integrations.sglang_server import ROWS, Runners, Server, decode, decode_view, draft_extend, prefill, verify
 from tests.integrations.test_sglang_serving import lens
 
 FLAGS = {
@@ -115,3 +115,24 @@ def test_draft_extend_plans_what_sglangs_own_mla_backend_plans(server):
                     b.init_forward_metadata(draft_extend(s, rows, prefix))
             same_plan(s.draft_extend.forward_metadata.prefill_wrapper, own.forward_metadata.prefill_wrapper, n,
                       f"draft extend {step}")
+
+
+def test_prefill_between_steps_is_sglangs_own_path(server):
+    """A server's first request is a prefill: SGLang's own MLA code plans it (its paged MLA wrapper,
+    causal, over the prefix and the new tokens), and the decode after it is attnmeta's again."""
+    s = server
+    with pytest.MonkeyPatch.context() as mp:
+        fake_flashinfer.into_sglang_mla(mp)
+        own = s.own("flashinfer")
+        rows, prefix, new = [3, 5], [40, 70], [9, 17]
+        with s.active():
+            for b in (s.backend, own):
+                b.init_forward_metadata(prefill(s, rows, prefix, new))
+        ours, theirs = s.backend.forward_metadata, own.forward_metadata
+        assert s.backend._ours is None  # not attnmeta's: SGLang's own method ran
+        assert ours.prefill_wrapper is s.backend.prefill_wrapper_paged and not ours.use_ragged
+        assert ours.prefill_wrapper.plans[-1] == theirs.prefill_wrapper.plans[-1]
+        assert ours.prefill_wrapper.plans[-1][5] is True  # causal
+        with s.active():
+            s.backend.init_forward_metadata(decode(s, rows, [p + n + 1 for p, n in zip(prefix, new, strict=True)]))
+        assert s.backend.forward_metadata.decode_wrapper is s.backend.attnmeta.forward_metadata.plan

@@ -127,9 +127,10 @@ def test_set_planner_moves_bound_plans_before_capture_only():
     be = compile_backend(spec, OPTS).instantiate(make_pool(ROWS, L))
     be.init_forward_metadata(make_batch(2, L, ROWS, seed=0))
     site = be.bound(ForwardMode.DECODE, 2).sites["plan"]
-    assert site.state
+    assert site.state and len(be.bound(ForwardMode.DECODE, 2).after_in) == 1
     be.set_planner("mine.plan", lambda s, h: ("mine", s.node))
     assert not site.state  # the new planner starts with state of its own
+    assert not be.bound(ForwardMode.DECODE, 2).after_in  # and the old one's device work is gone
     be.init_forward_metadata(make_batch(2, L, ROWS, seed=1))
     assert be.forward_metadata.plan == ("mine", "plan")
     capture(be, make_batch(4, L, ROWS, seed=0))
