@@ -82,10 +82,10 @@ class FlashInferMLAAdapter:
         w, st = self.wrapper(site), site.state
         if kv_lens_host.shape[0] == 0:  # no rows (an idle step, a TBO child of a batch of one)
             return w
-        causal = not site.mode.is_decode_or_idle()
-        if st["lean"] is not None:
+        if st["lean"] is not None:  # every step after the first: the C++ planner alone
             st["lean"](qo_indptr_host, kv_indptr_host, kv_lens_host)
             return w
+        causal = not site.mode.is_decode_or_idle()  # fixed per site: the lean planner keeps it
         w.plan(qo_indptr_host, kv_indptr_host, st["empty"], kv_lens_host, self.heads, self.ckv, self.kpe, 1, causal,
                self.sm_scale, *self.dtypes)
         st["lean"] = lean_mla_planner(self.fi, w, self.heads, self.ckv, causal)
