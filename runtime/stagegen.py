@@ -40,17 +40,21 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
                  f"elif (u := UN{i}[:{n}])[u.argmax()] > {s.hi}{zero_large}:",
                  "    return general(fb, bs, raw, capture)"]
     late = []
-    if not host_only:  # the host cannot check it without a sync: a checked field is guarded on the device
-        to_general = "" if s.full_range else " or not capture"  # by the general path (DeviceGuard)
+    total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
+    if not host_only and not s.full_range:  # the host cannot check it without a sync: handed to the
+        # device guard (Stager._guard_device_fields), as the general path does
         copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
-                f"elif a{i}.get_device() != DEVICE{to_general}:", "    return general(fb, bs, raw, capture)"]
+                f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)",
+                "else:", f"    GUARDED.append((S{i}, a{i}.view(-1)[:{n}], {n}, {total}, {s.source!r}))"]
+    elif not host_only:
+        copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
+                f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)"]
         # a device field is copied into the graph's buffer: the destination's view per live count is
         # kept, and a source of exactly the live count is copied as it is (each view costs a few us)
         late = [f"if not a{i}.is_cpu:", f"    d = DVIEW{i}.get({n})", "    if d is None:",
                 f"        d = DVIEW{i}[{n}] = DEVT{i}[:{n}]",
                 f"    d.copy_(a{i} if a{i}.dim() == 1 and a{i}.shape[0] == {n} else a{i}.view(-1)[:{n}], "
                 "non_blocking=True)"]
-    total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
     # rows past the live ones hold the fill up to max_bs: the mark moves to the live count (padding the
     # rows an earlier, larger step left); a step of the same live count as the last touches nothing
     pad = [f"if DIRTY{i}[0] != {n}:", f"    PAD{i}({n}, {total})"]
@@ -69,10 +73,13 @@ def source(stager) -> str:
     for i, s in enumerate(stager.slots):
         f, c, p, d = _slot_lines(i, s)
         fetch, copy, pad, late = fetch + f, copy + c, pad + p, late + d
+    guarded = any(s.dev is not None and not s.full_range for s in stager.slots)
     body += ["try:", *("    " + x for x in fetch),
              "except (AttributeError, IndexError, TypeError):  # a field missing, a list, a 0-d tensor",
-             "    return general(fb, bs, raw, capture)", *copy, *pad]
+             "    return general(fb, bs, raw, capture)", *(["GUARDED = []"] if guarded else []), *copy, *pad]
     body += [f"COPY(DEV{k}, HOST{k}, non_blocking=True)" for k in range(len(stager.copies))]
+    if guarded:  # every step, as the general path: this step's guarded fields replace the last step's
+        body += ["GUARD(GUARDED, raw, capture)"]
     if cuda:
         body += ["ev.record(EVENT[1])"]
     body += late
@@ -82,11 +89,12 @@ def source(stager) -> str:
 def generate(stager):
     """The generated staging function of ``stager``'s plan, its constants bound."""
     ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero,
-          "general": stager.stage, "EVENT": stager.event, "COPY": torch.Tensor.copy_, "HFLAG": stager.guard.host_np,
+          "general": stager.stage, "GUARD": stager.guard_fast, "EVENT": stager.event,
+          "COPY": torch.Tensor.copy_, "HFLAG": stager.guard.host_np,
           "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}
     for i, s in enumerate(stager.slots):
         ns |= {f"DT{i}": s.dtype, f"P{i}": s.ptr, f"U{i}": s.umv, f"M{i}": s.mv, f"UN{i}": s.unp, f"SN{i}": s.np,
-               f"DIRTY{i}": s.dirty, f"PAD{i}": s.pad, f"DEVT{i}": s.dev, f"DVIEW{i}": {}}
+               f"DIRTY{i}": s.dirty, f"PAD{i}": s.pad, f"DEVT{i}": s.dev, f"DVIEW{i}": {}, f"S{i}": s}
     for k, (dev, host) in enumerate(stager.copies):
         ns |= {f"DEV{k}": dev, f"HOST{k}": host}
     exec(compile(source(stager), f"<attnmeta staging {id(stager):x}>", "exec"), ns)  # noqa: S102

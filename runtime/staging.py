@@ -320,6 +320,13 @@ class Stager:
         if g.used:
             g.fetch()  # what the steps before this one flagged; the event recorded next covers the copy
 
+    def guard_fast(self, late: list, raw: int, capture: bool) -> None:
+        """The generated path's device guard: ``_guard_device_fields`` whenever it has work (fields fed this
+        step, a capture to record even with none, the last step's to drop, a captured graph's to feed, a
+        flag to fetch); an eager plan whose fields all came from the host, none fed before, skips it."""
+        if late or capture or self.guarded or self.recorded or self.guard.used:
+            self._guard_device_fields(late, raw, capture)
+
     def apply_guards(self) -> None:
         """in_graph's part of the device checks (recorded with the metadata kernels when captured)."""
         if self.guarded:

@@ -56,9 +56,16 @@ FIELDS = {"decode": ("kv_indptr", "kv_indices", "num_kv_splits"),
 STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_len_buf", "_qo_indptr_buf")
 
 
+OWN = {"mla": "flashinfer"}  # SGLang's registry name of a kind: FlashInfer on an MLA model is "mla" here
+MODES = {"mla": ("verify",)}  # EAGLE's modes per kind: SGLang's FlashInfer MLA captures no draft extend graph
+
+
 def flags(kind: str, page: int, sizes, eagle: bool) -> list[str]:
-    f = ["--attention-backend", f"attnmeta_{kind}", "--page-size", str(page), "--cuda-graph-bs-decode",
-         *map(str, sizes), "--max-running-requests", str(max(sizes) + 8)]
+    f = ["--attention-backend", f"attnmeta_{OWN.get(kind, kind)}", "--page-size", str(page),
+         "--cuda-graph-bs-decode", *map(str, sizes), "--max-running-requests", str(max(sizes) + 8)]
+    if eagle and kind == "mla":  # FlashInfer MLA verifies a chain (topk 1), causal over the drafts
+        return f + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps",
+                    "3", "--speculative-num-draft-tokens", "4"]
     return f + ["--speculative-algorithm", "EAGLE"] if eagle else f
 
 
@@ -95,6 +102,8 @@ class Side:
     def read(self, prep) -> dict:
         be, live = self.backend, prep.live
         mine = self.name == "attnmeta"
+        if self.kind == "mla":
+            return mla_read(be, mine, self.mode, prep)
         if self.kind == "flashinfer":
             if mine:
                 md = be.forward_metadata
@@ -110,6 +119,19 @@ class Side:
             md = be._build_cuda_graph_forward_metadata(prep.bs, prep.sglang_mode, prep.fb.spec_info)
         return {f: (v.clone() if isinstance(v, torch.Tensor) else v)
                 for f in FIELDS[self.mode] for v in [rows_read(md, md, f, live)[0]]}
+
+
+def mla_read(be, mine: bool, mode: str, prep) -> dict:
+    """What FlashInfer's MLA kernel reads: the kv indices of the live rows and the plan in the int workspace
+    (``run`` takes no other metadata buffer)."""
+    if mine:
+        md = be.forward_metadata
+        w = md.decode_wrapper if mode == "decode" else md.prefill_wrapper
+    else:
+        w = (be.decode_cuda_graph_metadata if mode == "decode" else be.prefill_cuda_graph_metadata)[prep.bs]
+    D = 0 if mode == "decode" else prep.fb.spec_info.draft_token_num
+    total = int(prep.fb.seq_lens[: prep.live].sum()) + D * prep.live
+    return {"kv_indices": w._kv_indices_buf[:total].clone(), "plan": w._int_workspace_buffer.clone()}
 
 
 def core_step(backend, runner, mode, prep) -> float:
@@ -160,9 +182,9 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
     eagle = mode != "decode"
     D = s.spec.speculative_num_draft_tokens if eagle else 1
     if mode == "extend":
-        ours_be, own_be = s.draft_extend, s.own_drafters(kind)[1]
+        ours_be, own_be = s.draft_extend, s.own_drafters(OWN.get(kind, kind))[1]
     else:
-        ours_be, own_be = s.backend, s.own(kind)
+        ours_be, own_be = s.backend, s.own(OWN.get(kind, kind))
     make = {"decode": lambda bs, r: decode(s, [0] * bs, [r.fill] * bs),
             "verify": lambda bs, r: verify(s, [0] * bs, [r.fill] * bs, random.Random(bs)),
             "extend": lambda bs, r: draft_extend(s, [0] * bs, [1] * bs)}[mode]
@@ -195,6 +217,11 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
         half = {k: (statistics.median(v[:iters]) * 1e6, statistics.median(v[iters:]) * 1e6)
                 for k, v in t.items() if k != "core"}
         ok = sum(equal(a, b) for a, b in zip(reads["sglang"], reads["attnmeta"], strict=True))
+        if kind == "mla":  # which half differs, if any: the indices or FlashInfer's plan words
+            pairs = list(zip(reads["sglang"], reads["attnmeta"], strict=True))
+            same = {k: sum(torch.equal(a[k], b[k]) for a, b in pairs) for k in ("kv_indices", "plan")}
+            print(f"  mla {mode} bs {bs}: kv_indices equal {same['kv_indices']}, plan words equal {same['plan']}",
+                  flush=True)
         rows.append(dict(kind=kind, page=s.runner.page_size, mode=mode, bs=bs, sglang_us=med["sglang"],
                          attnmeta_us=med["attnmeta"], core_us=med["core"], by_order=half,
                          ratio=med["sglang"] / med["attnmeta"], layer_us=med["attnmeta"] - med["core"],
@@ -241,7 +268,7 @@ def save(path: str | None, rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kinds", default="triton,flashinfer")
+    ap.add_argument("--kinds", default="triton,flashinfer", help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2)")
     ap.add_argument("--pages", default="1,16")
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")
@@ -264,13 +291,14 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)
     for kind in a.kinds.split(","):
         for page in ints(a.pages):
+            model = dict(model="deepseek") if kind == "mla" else {}
             s = Server(flags(kind, page, ints(a.sizes), False), device=a.device, rows=max(ints(a.sizes)) + 40,
-                       context=4096)
+                       context=4096, **model)
             rows += bench(s, kind, "decode", ints(a.sizes), a.iters, rng)
             if a.eagle_sizes and page in ints(a.eagle_pages):
                 e = Server(flags(kind, page, ints(a.eagle_sizes), True), device=a.device,
-                           rows=max(ints(a.eagle_sizes)) + 40, context=4096)
-                for mode in ("verify", "extend"):
+                           rows=max(ints(a.eagle_sizes)) + 40, context=4096, **model)
+                for mode in MODES.get(kind, ("verify", "extend")):
                     rows += bench(e, kind, mode, ints(a.eagle_sizes), a.iters, rng)
                     save(a.json, rows)
             save(a.json, rows)

@@ -39,7 +39,7 @@ for stage in "$@"; do
         -p no:cacheprovider > "$OUT/memcheck_engine.log" 2>&1
       summary "$OUT/memcheck_engine.log" ;;
     bench)
-      python3 tools/bench_sglang.py --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+      python3 tools/bench_sglang.py --kinds triton,flashinfer,mla --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
       grep "^|" "$OUT/bench.log" ;;
     *)
       echo "unknown stage $stage: tier, engine, sglang, sanitize or bench" >&2; exit 2 ;;

@@ -75,7 +75,7 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
         with torch.cuda.graph(graphs[bs]):
             be.init_forward_metadata_in_graph(fb)
             w.run(qn[:n], qp[:n], *caches, out=out[:n])
-    rng = random.Random(1)
+    rng, worst = random.Random(1), 0.0
     for step in range(8):
         raw = rng.randint(1, MAX_BS)
         bs = min(s for s in SIZES if s >= raw)
@@ -94,7 +94,8 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
         kv_lens = [x + D if verify else x for x in lens]
         want = oracle(qn[:n], qp[:n], ckv, kpe, pool, rows, kv_lens, q_per_req, causal=verify)
         rel = (out[:n].float() - want).norm() / want.norm()
-        assert rel < 2e-2, (step, float(rel))
+        worst = max(worst, float(rel))
+        assert rel < 1e-2, (step, float(rel))
         # FlashInfer's own plan() of this step on the same wrapper (host arrays from the batch, not from
         # the compiled fields): the same work items, word for word
         pad = [1 + D if verify else 1] * (bs - raw)  # padded rows: the fill length 1 (+ the drafts)
@@ -106,3 +107,4 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
                torch.bfloat16, torch.bfloat16)
         torch.cuda.synchronize()
         assert torch.equal(mine, w._int_workspace_buffer), step
+    print(f"\nflashinfer_mla {mode.name.lower()} page {page}: worst relative error against fp32 {worst:.2e}")
