@@ -4,20 +4,30 @@ stand-in.
 One graph-mode ``BatchMLAPagedAttentionWrapper`` per planner site, built on the four fields the
 spec binds (``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``kv_lens``), sharing one float
 workspace. The first call of a site runs FlashInfer's ``plan()`` (it picks the kernel module and
-fills the wrapper's plan); every later one only FlashInfer's C++ planner on the host arrays,
-as SGLang's replay path does: ``plan()`` would also copy the indptrs, the lengths and the indices
-into the bound buffers, which the recorded graph writes itself. Causal everywhere but decode,
-as SGLang plans it.
+fixes the plan info). With ``planner="device"``, from then on, for decode and target verify (every
+request the same query rows), the partition is planned on the GPU after the metadata graph
+(``flashinfer_mla_plan``): checked once against FlashInfer's own planner on synthetic batches and the
+first one, then no host work per step. Otherwise, and where that cannot be (another FlashInfer,
+draft extend's uneven query rows, a check that disagrees), every later step runs FlashInfer's C++ planner alone on
+the host arrays, as SGLang's replay path does: ``plan()`` would also copy the indptrs, the lengths
+and the indices into the bound buffers, which the recorded graph writes itself. Causal everywhere
+but decode, as SGLang plans it.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
 from .flashinfer import WORKSPACE_BYTES, _flashinfer, _version
+from .flashinfer_mla_plan import MLADevicePlanner, MLALayout, read_regions
 from .reference import RecordingPlanner, require_host
+
+log = logging.getLogger("attnmeta.runtime")
 
 MLA_PLANNER = "flashinfer.mla_plan"
 LEAN_VERSIONS = ((0, 6),)  # FlashInfer versions whose MLA plan() internals the lean call repeats
@@ -49,12 +59,19 @@ class FlashInferMLAAdapter:
 
     ``num_heads``: query heads on this rank; ``kv_lora_rank`` and ``qk_rope_head_dim``: the
     compressed-KV and rope widths (DeepSeek-V3: 512 and 64); ``sm_scale``: the model's softmax
-    scale (SGLang's ``model_config.scaling``). A site's state holds its wrapper (``wrapper``), the
-    indices view plan() is handed (``empty``) and the lean planner (``lean``)."""
+    scale (SGLang's ``model_config.scaling``); ``planner``: ``"host"`` (FlashInfer's C++ planner every
+    step, the default: the path measured on the H200) or ``"device"`` (the partition planned on the GPU
+    where it can be, checked against FlashInfer's first; not yet run on a GPU, so opt-in). A site's state holds
+    its wrapper (``wrapper``), the indices view plan() is handed (``empty``), the lean host planner
+    (``lean``) and the GPU planner (``device``)."""
 
     def __init__(self, backend, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                  sm_scale: float | None = None, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
-                 workspace: torch.Tensor | None = None, workspace_bytes: int = WORKSPACE_BYTES):
+                 workspace: torch.Tensor | None = None, workspace_bytes: int = WORKSPACE_BYTES,
+                 planner: str = "host"):
+        if planner not in ("device", "host"):
+            raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
+        self.device_plans = planner == "device"
         self.fi = _flashinfer()
         self.heads, self.ckv, self.kpe = num_heads, kv_lora_rank, qk_rope_head_dim
         # the scale of the unabsorbed head (nope 128 + rope 64 in DeepSeek-V3) is the model's; by default
@@ -73,14 +90,14 @@ class FlashInferMLAAdapter:
             w = site.state["wrapper"] = self.fi.BatchMLAPagedAttentionWrapper(
                 self.workspace, use_cuda_graph=True, qo_indptr=qo, kv_indptr=kv, kv_indices=idx, kv_len_arr=lens,
                 backend="auto")
-            site.state.update(empty=idx[:0], lean=None)
+            site.state.update(empty=idx[:0], lean=None, device=None)
             self.sites.append(site)
         return w
 
     def plan(self, site: Site, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor,
              kv_lens_host: torch.Tensor):
         w, st = self.wrapper(site), site.state
-        if kv_lens_host.shape[0] == 0:  # no rows (an idle step, a TBO child of a batch of one)
+        if kv_lens_host.shape[0] == 0 or st["device"] is not None:  # no rows; or planned on the GPU
             return w
         if st["lean"] is not None:  # every step after the first: the C++ planner alone
             st["lean"](qo_indptr_host, kv_indptr_host, kv_lens_host)
@@ -89,7 +106,58 @@ class FlashInferMLAAdapter:
         w.plan(qo_indptr_host, kv_indptr_host, st["empty"], kv_lens_host, self.heads, self.ckv, self.kpe, 1, causal,
                self.sm_scale, *self.dtypes)
         st["lean"] = lean_mla_planner(self.fi, w, self.heads, self.ckv, causal)
+        if st["lean"] is not None and self.device_plans:
+            st["device"] = self._device_planner(site, w, causal, qo_indptr_host, kv_indptr_host, kv_lens_host)
         return w
+
+    def _device_planner(self, site: Site, w, causal: bool, qo_host, kv_host, lens_host):
+        """The site's partition planned on the GPU from now on, if every request has the same query rows
+        (decode, verify), the plan info is one ``MLALayout`` knows, and the device planner writes what
+        FlashInfer's planner writes on synthetic batches (all short, a ramp to the context length, one
+        long among short) and on this one; else None. Once per site; it synchronizes."""
+        bs, q = lens_host.shape[0], int(qo_host[1] - qo_host[0])
+        ws = w._int_workspace_buffer
+        if ws.device.type != "cuda" or not torch.equal(qo_host, torch.arange(bs + 1, dtype=qo_host.dtype) * q):
+            return None
+        sms = torch.cuda.get_device_properties(ws.device).multi_processor_count
+        layout = MLALayout.of(w._plan_info, bs, self.heads, causal, sms)
+        if layout is None:
+            return None
+        L = site.options.max_context_len
+        samples = [torch.full((bs,), q, dtype=torch.int32), torch.linspace(q, L, bs).round().int(),
+                   torch.tensor([L] + [q] * (bs - 1), dtype=torch.int32), lens_host.to(torch.int32)]
+        try:
+            agree = self._agrees(site, w, layout, q, qo_host, samples)
+        except Exception as e:  # a kernel that does not build or run here: nothing to trust, so not used
+            log.warning("checking the device MLA planner against FlashInfer's: %s", e)
+            site.state["lean"](qo_host, kv_host, lens_host)  # leave the wrapper planned for the batch at hand
+            agree = False
+        if not agree:
+            log.warning("FlashInfer %s: the device MLA planner does not match FlashInfer's for this %s wrapper "
+                        "(bs %d): FlashInfer plans its steps on the host", self.fi.__version__, site.mode.name, bs)
+            return None
+        planner = MLADevicePlanner(layout, *(site.field(r) for r in ("qo_indptr", "kv_indptr", "kv_lens")), ws, q)
+        site.after_graph(planner)
+        return planner
+
+    @staticmethod
+    def _agrees(site: Site, w, layout: MLALayout, q: int, qo_host, samples) -> bool:
+        ws = w._int_workspace_buffer
+        first, agree = [int(x) for x in w._plan_info], True
+        for lens in samples:  # the batch at hand last: the wrapper is left planned for it
+            kv = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0, dtype=torch.int32)])
+            site.state["lean"](qo_host.to(torch.int32), kv, lens)
+            torch.cuda.synchronize(ws.device)
+            if [int(x) for x in w._plan_info] != first:
+                agree = False
+                continue
+            mine = ws.clone()
+            dev = [t.to(ws.device) for t in (qo_host.to(torch.int32), kv, lens)]
+            MLADevicePlanner(layout, *dev, mine, q)()
+            torch.cuda.synchronize(ws.device)
+            words, want = mine.view(torch.int32), ws.view(torch.int32)
+            agree &= all(torch.equal(words[a:a + n], want[a:a + n]) for a, n in read_regions(layout, want))
+        return agree
 
 
 def lean_mla_planner(fi, w, heads: int, ckv: int, causal: bool):

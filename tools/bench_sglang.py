@@ -122,16 +122,22 @@ class Side:
 
 
 def mla_read(be, mine: bool, mode: str, prep) -> dict:
-    """What FlashInfer's MLA kernel reads: the kv indices of the live rows and the plan in the int workspace
-    (``run`` takes no other metadata buffer)."""
+    """What FlashInfer's MLA kernel reads: the kv indices of the live rows and the plan's arrays in the int
+    workspace up to the live work items (``run`` takes no other metadata buffer)."""
     if mine:
         md = be.forward_metadata
         w = md.decode_wrapper if mode == "decode" else md.prefill_wrapper
     else:
         w = (be.decode_cuda_graph_metadata if mode == "decode" else be.prefill_cuda_graph_metadata)[prep.bs]
+    from attnmeta.planners.flashinfer_mla_plan import MLALayout, read_regions
+
     D = 0 if mode == "decode" else prep.fb.spec_info.draft_token_num
     total = int(prep.fb.seq_lens[: prep.live].sum()) + D * prep.live
-    return {"kv_indices": w._kv_indices_buf[:total].clone(), "plan": w._int_workspace_buffer.clone()}
+    words = w._int_workspace_buffer.view(torch.int32)
+    sms = torch.cuda.get_device_properties(words.device).multi_processor_count
+    layout = MLALayout.of(w._plan_info, prep.bs, 0, False, sms)  # where the plan's arrays are (same on both)
+    plan = torch.cat([words[a:a + n] for a, n in read_regions(layout, words)]) if layout else words.clone()
+    return {"kv_indices": w._kv_indices_buf[:total].clone(), "plan": plan}
 
 
 def core_step(backend, runner, mode, prep) -> float:

@@ -12,6 +12,7 @@ import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.planners.flashinfer_mla import FlashInferMLAAdapter
+from attnmeta.planners.flashinfer_mla_plan import MLADevicePlanner, MLALayout, read_regions
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import make_pool
 
@@ -53,7 +54,7 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
                                                           modes=(mode.name.lower(),), num_draft_tokens=D,
                                                           page_size=page))
     be = cb.instantiate(pool, device=dev)
-    adapter = FlashInferMLAAdapter(be, H, CKV, KPE, sm_scale=SCALE)
+    adapter = FlashInferMLAAdapter(be, H, CKV, KPE, sm_scale=SCALE, planner="device")
     g = torch.Generator().manual_seed(3)
     slots = ROWS * L + 1
     ckv = (torch.randn(slots, CKV, generator=g) * 0.5).to(dev).bfloat16()
@@ -97,14 +98,62 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
         worst = max(worst, float(rel))
         assert rel < 1e-2, (step, float(rel))
         # FlashInfer's own plan() of this step on the same wrapper (host arrays from the batch, not from
-        # the compiled fields): the same work items, word for word
+        # the compiled fields): the same work items, word for word, where the kernel reads them (the
+        # partition was planned on the GPU: past the live items each side leaves its own stale words)
         pad = [1 + D if verify else 1] * (bs - raw)  # padded rows: the fill length 1 (+ the drafts)
         kv_host = torch.tensor([0, *torch.tensor(kv_lens + pad).cumsum(0).tolist()], dtype=torch.int32)
         qo_host = torch.arange(0, (bs + 1) * q_per_req, q_per_req, dtype=torch.int32)
         site = be.bound(mode, bs).sites["plan"]
-        assert site in adapter.sites
+        assert site in adapter.sites and site.state["device"] is not None and site.state["lean"] is not None
+        layout = site.state["device"].layout
         w.plan(qo_host, kv_host, site.state["empty"], kv_host[1:] - kv_host[:-1], H, CKV, KPE, 1, verify, SCALE,
                torch.bfloat16, torch.bfloat16)
         torch.cuda.synchronize()
-        assert torch.equal(mine, w._int_workspace_buffer), step
+        want = w._int_workspace_buffer.view(torch.int32)
+        for at, k in read_regions(layout, want):
+            assert torch.equal(mine.view(torch.int32)[at:at + k], want[at:at + k]), (step, at)
     print(f"\nflashinfer_mla {mode.name.lower()} page {page}: worst relative error against fp32 {worst:.2e}")
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["decode", "verify"])
+def test_the_device_partition_is_flashinfers_word_for_word(verify):
+    """The in-graph MLA planner against FlashInfer's ``plan()`` alone, batch sizes 1 to 256 with
+    lengths from 1 to 32k (splits, long among short, all equal), and its GPU time per launch."""
+    import flashinfer
+
+    dev, q = torch.device("cuda"), D if verify else 1
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rng, times = random.Random(7), {}
+    for bs in (1, 7, 64, 256):
+        qo = torch.arange(bs + 1, dtype=torch.int32) * q
+        ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+        w = flashinfer.BatchMLAPagedAttentionWrapper(
+            ws, use_cuda_graph=True, qo_indptr=torch.empty(bs + 1, dtype=torch.int32, device=dev),
+            kv_indptr=torch.empty(bs + 1, dtype=torch.int32, device=dev),
+            kv_indices=torch.empty(bs * 32768 + 64, dtype=torch.int32, device=dev),
+            kv_len_arr=torch.empty(bs, dtype=torch.int32, device=dev), backend="auto")
+        for trial in range(6):
+            lens = torch.tensor([rng.choice([q, q + 1, 2048, 32768]) if trial % 2 else rng.randint(q, 8192)
+                                 for _ in range(bs)] if trial < 5 else [4096] * bs, dtype=torch.int32)
+            kv = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0, dtype=torch.int32)])
+            w.plan(qo, kv, torch.empty(0, dtype=torch.int32, device=dev), lens, H, CKV, KPE, 1, verify, SCALE,
+                   torch.bfloat16, torch.bfloat16)
+            torch.cuda.synchronize()
+            layout = MLALayout.of(w._plan_info, bs, H, verify, sms)
+            assert layout is not None, list(w._plan_info)
+            mine = w._int_workspace_buffer.clone()
+            planner = MLADevicePlanner(layout, qo.to(dev), kv.to(dev), lens.to(dev), mine, q)
+            planner()
+            torch.cuda.synchronize()
+            want = w._int_workspace_buffer.view(torch.int32)
+            for at, k in read_regions(layout, want):
+                assert torch.equal(mine.view(torch.int32)[at:at + k], want[at:at + k]), (bs, trial, at)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            planner()
+        end.record()
+        torch.cuda.synchronize()
+        times[bs] = start.elapsed_time(end) / 20 * 1e3
+    print(f"\nin-graph MLA planner, {'verify' if verify else 'decode'}: GPU us per launch by bs "
+          + ", ".join(f"{b}: {t:.0f}" for b, t in times.items()))
