@@ -36,7 +36,9 @@ def _ok(name, kw, steps, seed):
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_interleaved_modes(name):
-    _ok(name, {}, 60, seed=7)
+    # DSV4's kernels are the slowest in Triton's interpreter (a second a step): 30 steps still interleave its
+    # every mode several times; the slow tier's long run takes 2000
+    _ok(name, {}, 30 if name == "dsv4" else 60, seed=7)
 
 
 @pytest.mark.parametrize(("name", "kw"), VARIANTS, ids=[f"{n}-{'-'.join(f'{k}{v}' for k, v in kw.items())}"
