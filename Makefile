@@ -89,7 +89,7 @@ test-sglang: $(SGL_STAMP)
 	ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q tests/integrations
 
 test-slow: $(STAMP) $(ORACLES)
-	$(PY) -m pytest -q -m slow
+	ATTNMETA_TRITON_SANITIZE=1 $(PY) -m pytest -q -m slow  # Triton's interpreter checks int32 overflow throughout
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

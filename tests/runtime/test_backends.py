@@ -15,6 +15,8 @@ from attnmeta.runtime.planning import PlanError
 from tests.batches import capture, interp_inputs, make_batch, make_pool
 from tests.oracles import assert_metadata_equal, padded
 
+pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
+
 L, ROWS, MAX_BS, SIZES = 128, 20, 10, (1, 4, 8)
 FILLS = {"seq_lens": 1, "seq_lens_cpu": 1, "req_pool_indices": 0}
 CASES = [("flashinfer", 1), ("triton", 1), ("flashattention", 1), ("flashattention", 16), ("flashattention", 64)]

@@ -16,6 +16,8 @@ from attnmeta.runtime.staging import DeviceGuard
 from attnmeta.sim import DecodeModel, GraphRunner
 from tests.batches import make_pool
 
+pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
+
 L, ROWS = 64, 6
 
 

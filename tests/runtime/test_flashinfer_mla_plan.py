@@ -10,6 +10,8 @@ import torch
 
 from attnmeta.planners.flashinfer_mla_plan import MERGE, NAMES, WORK, MLADevicePlanner, MLALayout, mla_plan
 
+pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
+
 
 def test_a_decode_batch_worked_by_hand():
     # 4 SMs, one head: a packed query row per request, so one CTA per cluster and 4 clusters; the

@@ -15,6 +15,8 @@ from attnmeta.planners.flashmla import META_WORDS, num_sm_parts, schedule, tile_
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import capture, make_pool
 
+pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
+
 # worked by hand: key blocks of 64 tokens plus 5 of overhead each, the payload ceil(total / parts) + 5
 HAND = [
     # two one-block requests over two parts: one request each

@@ -9,6 +9,8 @@ from attnmeta.sim import decode_attention_loop
 from attnmeta.sim.triton_attention import TritonDecodeAttention
 from tests.batches import make_batch, make_pool
 
+pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
+
 L, ROWS = 96, 12
 
 
