@@ -16,9 +16,16 @@ from attnmeta.backends.eager.compare import compare_metadata, padded
 from attnmeta.backends.eager.dsv4 import swa_table
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend, get_spec
 from attnmeta.sim import DecodeModel, DraftModel, DraftRunner, GraphRunner
-from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool, dsv4_attention_from_pool
-from attnmeta.sim.models import DSV4Model
+from attnmeta.sim.attention import (
+    attention_from_pool,
+    draft_attention_from_pool,
+    dsv4_attention_from_pool,
+    mla_attention_from_pool,
+)
+from attnmeta.sim.models import DSV4Model, MLAModel
 from attnmeta.sim.serving import ServingSim
+
+MLA_ROPE = 8  # the demo's rope width (DeepSeek's is 64; its latent 512)
 
 
 @attrs.define
@@ -47,6 +54,7 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
     res = DemoResult(backend, str(dev), captured=tuple(capture_sizes))
     draft = backend.startswith("multistep_") or backend == "flashattention_draft"
     dsv4 = backend.removeprefix("tbo_") == "dsv4"
+    mla = backend.removeprefix("tbo_") == "flashinfer_mla"  # latent attention: the torch MLA reference
     if dsv4:
         max_context_len = max(max_context_len, 640)  # long enough for compressed blocks of 128 and pages of 256
     served = get_spec(backend).page_sizes
@@ -74,6 +82,11 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
         runner = DraftRunner(be, model, capture_sizes, dev)
         eager = get_eager(backend)(sim.req_to_token, max_bs, num_steps=num_steps, **(
             {"topk": topk} if backend.startswith("multistep_") else {}))
+    elif mla:  # the pool's caches as one latent head: ckv of heads x head_dim, kpe the first rope dims
+        ckv, kpe = sim.k_cache.reshape(slots, -1), sim.v_cache[:, 0, :MLA_ROPE].contiguous()
+        runner = GraphRunner(be, MLAModel(ckv, kpe, max_bs, max_context_len, sim.k_cache.shape[1]), capture_sizes,
+                             dev)
+        eager = get_eager(backend)(sim.req_to_token, max_bs)
     elif dsv4:
         model = DSV4Model(sim.k_cache, sim.v_cache, extra["c128_k"], extra["c128_v"], max_bs, max_context_len)
         runner = GraphRunner(be, model, capture_sizes, dev)
@@ -89,6 +102,8 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
             fb.out_cache_loc = sim.req_to_token[fb.req_pool_indices, fb.seq_lens.long() - 1].long()
         if draft and topk > 1:  # a query per branch
             q = q[:, None].expand(-1, topk, -1, -1) + torch.arange(topk, device=dev)[:, None, None]
+        if mla:  # [bs, H, C + R]: a latent part as wide as ckv, then the rope part
+            q = torch.cat([q.repeat(1, 1, q.shape[1]), q[..., :MLA_ROPE]], dim=-1)
         out = runner.run(fb, q)
         res.steps += 1
         if fb.forward_mode.is_idle():
@@ -105,6 +120,8 @@ def run_demo(backend: str = "flashinfer", steps: int = 120, max_bs: int = 48, ma
             want = dsv4_attention_from_pool(q, sim.k_cache, sim.v_cache, extra["c128_k"], extra["c128_v"],
                                             sim.req_to_token, pools["full_to_swa"], fb.req_pool_indices,
                                             fb.seq_lens_cpu)
+        elif mla:
+            want = mla_attention_from_pool(q, ckv, kpe, sim.req_to_token, fb.req_pool_indices, fb.seq_lens_cpu)
         elif draft:
             want = draft_attention_from_pool(q, sim.k_cache, sim.v_cache, sim.req_to_token.cpu(),
                                              fb.req_pool_indices.cpu(), fb.seq_lens_cpu, num_steps, topk)

@@ -40,6 +40,36 @@ def _attend(q, k, v, valid, out):
     return r if out is None else out.copy_(r)
 
 
+def mla_decode_attention(q, ckv, kpe, kv_indptr, kv_indices, max_len: int, out=None):
+    """Multi-head latent attention (DeepSeek's, absorbed) over indptr/indices metadata, static shapes:
+    q [bs, H, C + R] (the latent part, then the rope part); ckv [slots, C], kpe [slots, R] (one latent
+    KV head); returns [bs, H, C], each head's softmax over its keys applied to their latents."""
+    bs, C = q.shape[0], ckv.shape[1]
+    j = torch.arange(max_len, device=q.device)
+    lens = (kv_indptr[1 : bs + 1] - kv_indptr[:bs]).long()
+    pos = (kv_indptr[:bs, None].long() + j).clamp_(max=kv_indices.shape[0] - 1)
+    valid = j[None, :] < lens[:, None]
+    slots = torch.where(valid, kv_indices[pos].long(), 0)
+    c, p = ckv[slots], kpe[slots]  # [bs, max_len, C], [bs, max_len, R]
+    scores = (torch.einsum("bhc,blc->bhl", q[..., :C], c) + torch.einsum("bhr,blr->bhl", q[..., C:], p)) \
+        * q.shape[-1] ** -0.5
+    w = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1).nan_to_num_(0.0)
+    r = torch.einsum("bhl,blc->bhc", w, c)
+    return r if out is None else out.copy_(r)
+
+
+def mla_attention_from_pool(q, ckv, kpe, req_to_token, req_pool_indices, seq_lens_cpu):
+    """Oracle for ``mla_decode_attention`` from the pool itself: request i attends to the latents of the
+    slots req_to_token[rpi_i, :seq_i]."""
+    outs, C = [], ckv.shape[1]
+    for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
+        idx = req_to_token[r, :n].long()
+        c, p, qi = ckv[idx].cpu(), kpe[idx].cpu(), q[i].cpu()
+        s = (qi[:, :C] @ c.T + qi[:, C:] @ p.T) * q.shape[-1] ** -0.5
+        outs.append(torch.softmax(s, -1) @ c)
+    return torch.stack(outs) if outs else q.new_zeros((0, q.shape[1], C)).cpu()
+
+
 def attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens_cpu):
     """Oracle from the pool itself, no metadata at all: request i attends to the slots
     req_to_token[rpi_i, :seq_i]."""

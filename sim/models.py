@@ -10,7 +10,7 @@ import torch
 
 from attnmeta.compiler.lowering.triton_kernels import torch_on
 
-from .attention import _attend, paged_decode_attention, paged_decode_attention_pt
+from .attention import _attend, mla_decode_attention, paged_decode_attention, paged_decode_attention_pt
 
 
 class Model(Protocol):
@@ -126,3 +126,19 @@ class DSV4Model(DecodeModel):
         v = torch.cat([self.v_cache[swa.clamp(min=0)], self.c128_v[comp.clamp(min=0)]], dim=1)
         return _attend(q, k, v, torch.cat([ok_swa, ok_c], dim=1), out)
 
+
+
+class MLAModel(DecodeModel):
+    """Multi-head latent attention (DeepSeek's decode, absorbed) reading an MLA backend's
+    ``kv_indptr`` / ``kv_indices`` (token slots): queries ``[bs, heads, C + R]``, one latent KV head
+    (``ckv [slots, C]``, ``kpe [slots, R]``), outputs ``[bs, heads, C]``. The torch reference
+    (``mla_decode_attention``), static shapes: captured with the metadata."""
+
+    def __init__(self, ckv, kpe, max_bs: int, max_len: int, heads: int):
+        self.ckv, self.kpe, self.max_len = ckv, kpe, max_len
+        self.q = torch.zeros(max_bs, heads, ckv.shape[1] + kpe.shape[1], dtype=ckv.dtype, device=ckv.device)
+        self.out = torch.zeros(max_bs, heads, ckv.shape[1], dtype=ckv.dtype, device=ckv.device)
+
+    def forward(self, meta, bs: int) -> torch.Tensor:
+        return mla_decode_attention(self.q[:bs], self.ckv, self.kpe, meta.kv_indptr, meta.kv_indices, self.max_len,
+                                    out=self.out[:bs])

@@ -130,6 +130,30 @@ def test_dsv4_attention_oracle_is_hand_checkable():
     assert abs(float(out) - 7.0) < 1e-4  # 260 tokens: 2 compressed blocks, the dominant one read
 
 
+def test_mla_attention_oracle_is_hand_checkable():
+    """MLA (one latent head): a query of zeros weighs every key alike, so the output is the mean of the
+    keys' latents; a query whose rope part meets one key's rope strongly reads that key's latent; and
+    the metadata-reading attention the demo captures agrees with the pool oracle."""
+    import torch
+
+    from attnmeta.sim.attention import mla_attention_from_pool, mla_decode_attention
+
+    ckv, kpe = torch.tensor([[2.0], [4.0], [9.0]]), torch.tensor([[0.0], [0.0], [1.0]])  # C = R = 1
+    row, rows, lens = torch.tensor([[1, 0, 2]], dtype=torch.int32), torch.tensor([0]), torch.tensor([2])
+    out = mla_attention_from_pool(torch.zeros(1, 1, 2), ckv, kpe, row, rows, lens)
+    assert out.shape == (1, 1, 1) and abs(float(out) - 3.0) < 1e-6  # slots 1 and 0: (4 + 2) / 2
+    out = mla_attention_from_pool(torch.tensor([[[0.0, 80.0]]]), ckv, kpe, row, rows, torch.tensor([3]))
+    assert abs(float(out) - 9.0) < 1e-4  # slot 2's rope dominates: its latent
+    g = torch.Generator().manual_seed(0)
+    ckv, kpe, q = torch.randn(20, 6, generator=g), torch.randn(20, 2, generator=g), torch.randn(3, 4, 8, generator=g)
+    table = torch.randperm(20, generator=g).view(2, 10).int()
+    rows, lens = torch.tensor([1, 0, 1]), torch.tensor([10, 3, 1])
+    indptr = torch.tensor([0, 10, 13, 14])
+    indices = torch.cat([table[r, :n] for r, n in zip(rows.tolist(), lens.tolist(), strict=True)])
+    mine = mla_decode_attention(q, ckv, kpe, indptr, indices, max_len=10)
+    assert torch.allclose(mine, mla_attention_from_pool(q, ckv, kpe, table, rows, lens), atol=1e-5)
+
+
 def test_demo_runs_the_drafter_with_branches(capsys):
     """multistep_*: the DraftRunner over a pool that hands out each branch's draft slots every step."""
     assert main(["demo", "--backend", "multistep_triton", "--topk", "2", "--num-steps", "2", "--steps", "8",
