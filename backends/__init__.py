@@ -10,7 +10,7 @@ from .multistep import multistep
 from .tbo import tbo
 
 _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC, flashinfer_mla.SPEC, trtllm_mla.SPEC,
-         trtllm_mla.CUTEDSL_SPEC, flashmla.SPEC)
+         trtllm_mla.CUTEDSL_SPEC, flashmla.SPEC, flashattention.TRTLLM_MHA_SPEC)
 _EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC, multistep(flashinfer.SPEC), multistep(flashinfer_mla.SPEC),
           multistep(triton.SPEC, per_round=("num_kv_splits", "uneven_batch")))
 SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}

@@ -1,4 +1,4 @@
-"""FlashAttention metadata (decode), declared once.
+"""FlashAttention metadata (decode), declared once; TRT-LLM MHA's is the same but for draft extend.
 
 The page table has a static width W = ceil(L / P) and guards each row on
 device (pages past ceil(seq_len / P) are 0), so no host maximum is baked
@@ -17,10 +17,21 @@ I32, I64 = DType.int32, DType.int64
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
-    b = SpecBuilder(f"flashattention.{mode.name.lower()}")
+    return _build("flashattention", mode, options, strided_extend=False)
+
+
+def build_trtllm_mha(mode: ForwardMode, options: CompileOptions) -> Graph:
+    """TRT-LLM MHA (SGLang's ``trtllm_mha``): FlashAttention's fields, the same formulas; its draft extend
+    (V2) gives every request the same T query slots (``cu_seqlens_q`` strided by T, as SGLang's graph
+    metadata kernel writes it) instead of each request's accepted tokens."""
+    return _build("trtllm_mha", mode, options, strided_extend=True)
+
+
+def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend: bool) -> Graph:
+    b = SpecBuilder(f"{name}.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
-    ext = extend_lens(b) if mode.is_draft_extend() else None
+    ext = extend_lens(b) if mode.is_draft_extend() and not strided_extend else None
     with b.in_graph():
         # verify: the D draft tokens' keys are in the cache too, after the prefix
         kv_lens = b.ewise("add", seq_lens, T) if mode.is_target_verify() else seq_lens
@@ -43,6 +54,10 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W",
                    headroom=verify_headroom)
+TRTLLM_MHA_SPEC = BackendSpec("trtllm_mha", build_trtllm_mha,
+                              (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
+                              doc="TRT-LLM MHA (Hopper, Blackwell): FlashAttention's metadata, draft extend strided "
+                                  "by the draft tokens", headroom=verify_headroom)
 
 
 def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:

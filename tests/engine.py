@@ -25,7 +25,7 @@ M = ForwardMode
 GRAPH_MODES = (M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND)
 BACKENDS = ["flashinfer", "flashattention", "flashattention_draft", "triton", "dsv4", "tbo_flashinfer",
             "tbo_flashattention", "tbo_triton", "multistep_flashinfer", "multistep_triton", "flashinfer_mla",
-            "tbo_flashinfer_mla", "multistep_flashinfer_mla"]
+            "tbo_flashinfer_mla", "multistep_flashinfer_mla", "trtllm_mha"]
 
 
 @attrs.define
@@ -75,7 +75,7 @@ def _twin(name: str, pool, opts: CompileOptions, pools):
     if name.startswith("multistep_"):
         return get_eager(name)(pool, opts.max_bs, num_steps=S, topk=opts.topk, page_size=opts.page_size)
     cls = get_eager(inner)
-    if inner in ("flashattention", "trtllm_mla", "cutedsl_mla"):
+    if inner in ("flashattention", "trtllm_mla", "cutedsl_mla", "trtllm_mha"):
         return cls(pool, opts.max_bs, opts.page_size, draft_tokens=D)
     if inner == "flashmla":
         return cls(pool, opts.max_bs, draft_tokens=D, sm_count=opts.sm_count, num_heads=opts.num_heads)

@@ -3,7 +3,7 @@
 from attnmeta.compiler.ir.errors import UnknownName
 
 from .dsv4 import EagerDSV4Decode
-from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft
+from .flashattention import EagerFlashAttentionDecode, EagerFlashAttentionDraft, EagerTRTLLMMHA
 from .flashinfer import EagerFlashInferDecode
 from .flashinfer_mla import EagerFlashInferMLA
 from .flashmla import EagerFlashMLA
@@ -13,7 +13,7 @@ from .trtllm_mla import EagerTRTLLMMLA
 
 EAGER = {"flashinfer": EagerFlashInferDecode, "flashinfer_mla": EagerFlashInferMLA,
          "flashattention": EagerFlashAttentionDecode, "triton": EagerTritonDecode, "trtllm_mla": EagerTRTLLMMLA,
-         "cutedsl_mla": EagerTRTLLMMLA,
+         "cutedsl_mla": EagerTRTLLMMLA, "trtllm_mha": EagerTRTLLMMHA,
          "dsv4": EagerDSV4Decode, "flashattention_draft": EagerFlashAttentionDraft, "flashmla": EagerFlashMLA}
 # fields an engine's drafter computes once per round over the prefix (as the multistep specs declare them)
 PER_ROUND = {"triton": ("num_kv_splits", "uneven_batch")}

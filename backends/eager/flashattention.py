@@ -10,6 +10,8 @@ import torch
 
 
 class EagerFlashAttentionDecode:
+    strided_extend = False  # draft extend's queries: each request's accepted tokens
+
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1, draft_tokens: int = 4):
         self.req_to_token, self.page_size, self.D = req_to_token, page_size, draft_tokens
         L = req_to_token.shape[1]
@@ -28,10 +30,17 @@ class EagerFlashAttentionDecode:
         rows = fb.req_pool_indices[:bs].long()
         page_table = (self.req_to_token[rows[:, None], self.strided[:n]] // P).to(torch.int32)
         cu_q = torch.arange(0, (bs + 1) * T, T, dtype=torch.int32, device=seq.device)
-        if fb.forward_mode.is_draft_extend():  # queries: the accepted tokens of each request
+        if fb.forward_mode.is_draft_extend() and not self.strided_extend:  # queries: each request's accepted tokens
             cu_q = torch.nn.functional.pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0))
         return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
                                page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)
+
+
+class EagerTRTLLMMHA(EagerFlashAttentionDecode):
+    """TRT-LLM MHA's step, as SGLang's TRTLLMHAAttnBackend computes it: FlashAttention's, with draft
+    extend's queries T per request (strided), whatever each request accepted."""
+
+    strided_extend = True
 
 
 class EagerFlashAttentionDraft:

@@ -11,6 +11,8 @@ from tests.engine import BACKENDS, build, interleave
 VARIANTS = [
     ("flashattention", {"P": 16}),
     ("flashattention", {"P": 64, "L": 256}),
+    ("trtllm_mha", {"P": 16}),  # TRT-LLM MHA: FlashAttention's metadata, draft extend strided
+    ("tbo_trtllm_mha", {"P": 32, "L": 200}),
     ("flashattention_draft", {"P": 16}),
     ("multistep_flashinfer", {"K": 2}),
     ("multistep_triton", {"K": 3, "P": 16, "L": 160}),
