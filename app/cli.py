@@ -341,7 +341,7 @@ def parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin",
                         formatter_class=fmt)
     be.add_argument("--backend", default="flashinfer", choices=[
-        *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton")),
+        *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton", "trtllm_mha")),
         "multistep_flashinfer", "multistep_triton", "dsv4"])
     be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
     be.add_argument("--iters", type=int, default=300, help="timed steps per size and column")
