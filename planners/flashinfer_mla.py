@@ -117,9 +117,11 @@ class FlashInferMLAAdapter:
         long among short) and on this one; else None. Once per site; it synchronizes."""
         bs, q = lens_host.shape[0], int(qo_host[1] - qo_host[0])
         ws = w._int_workspace_buffer
-        if ws.device.type != "cuda" or not torch.equal(qo_host, torch.arange(bs + 1, dtype=qo_host.dtype) * q):
+        if not torch.equal(qo_host, torch.arange(bs + 1, dtype=qo_host.dtype) * q):
             return None
-        sms = torch.cuda.get_device_properties(ws.device).multi_processor_count
+        # FlashInfer sizes its grid by the GPU's SMs (off a GPU: the tests' stand-in, by the options')
+        sms = torch.cuda.get_device_properties(ws.device).multi_processor_count if ws.device.type == "cuda" else \
+            site.options.sm_count
         layout = MLALayout.of(w._plan_info, bs, self.heads, causal, sms)
         if layout is None:
             return None
@@ -147,17 +149,22 @@ class FlashInferMLAAdapter:
         for lens in samples:  # the batch at hand last: the wrapper is left planned for it
             kv = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0, dtype=torch.int32)])
             site.state["lean"](qo_host.to(torch.int32), kv, lens)
-            torch.cuda.synchronize(ws.device)
+            _sync(ws.device)
             if [int(x) for x in w._plan_info] != first:
                 agree = False
                 continue
             mine = ws.clone()
             dev = [t.to(ws.device) for t in (qo_host.to(torch.int32), kv, lens)]
             MLADevicePlanner(layout, *dev, mine, q)()
-            torch.cuda.synchronize(ws.device)
+            _sync(ws.device)
             words, want = mine.view(torch.int32), ws.view(torch.int32)
             agree &= all(torch.equal(words[a:a + n], want[a:a + n]) for a, n in read_regions(layout, want))
         return agree
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def lean_mla_planner(fi, w, heads: int, ckv: int, causal: bool):

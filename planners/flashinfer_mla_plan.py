@@ -54,7 +54,10 @@ class MLALayout:
 
     @staticmethod
     def of(info, bs: int, heads: int, causal: bool, num_sm: int) -> MLALayout | None:
-        info = [int(x) for x in info]
+        try:
+            info = [int(x) for x in info]
+        except (TypeError, ValueError):
+            return None
         if len(info) != 18 or info[1] != num_sm // info[0] or any(x % 4 for x in info[2:16]):
             return None  # not the plan info this module knows (or a grid it does not size as FlashInfer)
         return MLALayout(bs, heads, causal, info[0], info[1], num_sm, tuple(info[2:16]))

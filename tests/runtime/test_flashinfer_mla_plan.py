@@ -82,3 +82,88 @@ def test_a_layout_from_plan_info_it_does_not_know_is_refused():
     assert MLALayout.of(info[:17], 8, 128, False, 132) is None  # another FlashInfer's plan info
     assert MLALayout.of([2, 60, *info[2:]], 8, 128, False, 132) is None  # a grid not sized by the SMs
     assert MLALayout.of([2, 66, 2, *info[3:]], 8, 128, False, 132) is None  # an offset off a word
+
+
+class _PlanningMLAWrapper:
+    """FlashInfer 0.6's graph-mode MLA wrapper as far as its plan goes, on the CPU: ``plan()`` and the
+    compiled module's C++ planner write ``mla_plan`` (the transcription) into the int workspace at the
+    offsets FlashInfer's allocator gives, and return its 18-entry plan info. ``skew`` makes its
+    planner disagree with the device planner (one more unit of cost per item)."""
+
+    skew = False
+
+    def __init__(self, workspace, use_cuda_graph=False, qo_indptr=None, kv_indptr=None, kv_indices=None,
+                 kv_len_arr=None, backend="auto"):
+        self._float_workspace_buffer = workspace
+        self._int_workspace_buffer = torch.zeros(4 * (14 * 4096 + 8), dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = self._int_workspace_buffer
+        self._kv_indices_buf = kv_indices
+        self.host_plans = 0
+
+    def plan(self, qo, kv, indices, lens, heads, ckv, kpe, page_size, causal, sm_scale, q_dtype, kv_dtype):
+        w = self
+
+        class Module:
+            def plan(self, fws, iws, pws, qo, kv, lens, heads, ckv, causal):
+                w.host_plans += 1
+                return w._write(qo.tolist(), kv.tolist(), lens.tolist(), heads, causal)
+        self._cached_module = Module()
+        self._plan_info = self._cached_module.plan(None, None, None, qo, kv, lens, heads, ckv, causal)
+
+    def _write(self, qo, kv, lens, heads, causal):
+        p = mla_plan(qo, kv, [x + self.skew for x in lens], heads, causal, SMS)
+        L = _layout(len(lens), heads, causal, SMS, 1)
+        words = self._int_workspace_buffer.view(torch.int32)
+        for n in NAMES:
+            words[L.at(n):L.at(n) + len(p[n])] = torch.tensor(p[n], dtype=torch.int32)
+        return [p["cluster"], p["clusters"], *L.offsets, 0, 0]
+
+
+SMS = 12
+
+
+@pytest.mark.parametrize("skew", [False, True], ids=["agrees", "disagrees"])
+def test_the_adapter_plans_on_the_device_once_checked_else_on_the_host(monkeypatch, skew):
+    """``planner="device"``: the site's first step runs FlashInfer's plan(), checks the device planner
+    against FlashInfer's planner on synthetic batches and this one, then hands every later step to
+    the kernel after the graph (FlashInfer's planner not called again, the workspace what it would
+    have written). A planner that disagrees keeps FlashInfer's host planner, every step."""
+    import sys
+    import types
+
+    from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+    from attnmeta.planners.flashinfer_mla import FlashInferMLAAdapter
+    from attnmeta.runtime import ForwardBatch, ReplayView
+    from tests.batches import make_pool
+
+    wrapper = type("W", (_PlanningMLAWrapper,), {"skew": skew})
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(__version__="0.6.4",
+                                                                         BatchMLAPagedAttentionWrapper=wrapper))
+    L, heads = 512, 16
+    be = compile_backend("flashinfer_mla", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L,
+                                                          modes=("decode",), sm_count=SMS, num_heads=heads)
+                         ).instantiate(make_pool(9, L, seed=1))
+    FlashInferMLAAdapter(be, heads, 512, 64, workspace=torch.empty(8, dtype=torch.uint8), planner="device")
+    rng = random.Random(2)
+    for step in range(6):
+        raw = rng.randint(1, 4)
+        seq = torch.tensor([rng.choice([1, 300, L]) for _ in range(raw)], dtype=torch.int32)
+        rows = torch.tensor(rng.sample(range(1, 9), raw))
+        fb = ForwardBatch(ForwardMode.DECODE, raw, req_pool_indices=rows, req_pool_indices_cpu=rows, seq_lens=seq,
+                          seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()))
+        view = ReplayView.of(fb, 4)
+        be.init_forward_metadata_out_graph(view)
+        be.init_forward_metadata_in_graph(view)
+        site = be.bound(ForwardMode.DECODE, 4).sites["plan"]
+        w = site.state["wrapper"]
+        assert (site.state["device"] is None) == skew
+        lens = [*seq.tolist(), *[1] * (4 - raw)]  # padded rows: the fill length
+        want = mla_plan(list(range(5)), [0, *torch.tensor(lens).cumsum(0).tolist()], [x + skew for x in lens], heads,
+                        False, SMS)
+        layout = _layout(4, heads, False, SMS, 1)
+        words = w._int_workspace_buffer.view(torch.int32)
+        for n in (*WORK, *MERGE, "work_indptr"):
+            got = words[layout.at(n):layout.at(n) + len(want[n])].tolist()
+            assert got == want[n], (step, n)
+    # the first step's plan() and its four checks, then no host planner at all (or one per step)
+    assert w.host_plans == (5 + 5 if skew else 5)
