@@ -26,7 +26,7 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
-from .flashinfer_plan import PlanLayout, checked_planner, pack_mask
+from .flashinfer_plan import PlanLayout, checked_planner, pack_mask, sample_lengths
 from .reference import ReferenceDecodePlanner, ReferenceDevicePlanner, ReferencePrefillPlanner
 
 log = logging.getLogger("attnmeta.planners")
@@ -210,10 +210,8 @@ class FlashInferDecodeAdapter:
             layout = PlanLayout.prefill_plan(w._plan_info, bs, (hq, hkv), 1, sms)
         else:
             layout = PlanLayout.decode(w._plan_info, bs, 1)
-        L = site.options.max_context_len
-        lens = (torch.ones(bs, dtype=torch.int32), torch.linspace(1, L, bs).round().int(),
-                torch.tensor([L] + [1] * (bs - 1), dtype=torch.int32))
-        samples = [torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0, dtype=torch.int32)]) for x in lens]
+        samples = [torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0, dtype=torch.int32)])
+                   for x in sample_lengths(bs, site.options.max_context_len)]
         planner = checked_planner(layout, w._paged_kv_indptr_buf, w._qo_indptr_buf if prefill else None,
                                   w._int_workspace_buffer, replan, [*samples, first.clone()], lambda: w._plan_info)
         if planner is None:

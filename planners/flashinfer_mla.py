@@ -25,6 +25,7 @@ from attnmeta.runtime.planning import PlanError, Site
 
 from .flashinfer import WORKSPACE_BYTES, _flashinfer, _version
 from .flashinfer_mla_plan import MLADevicePlanner, MLALayout, read_regions
+from .flashinfer_plan import sample_lengths
 from .reference import RecordingPlanner, require_host
 
 log = logging.getLogger("attnmeta.runtime")
@@ -125,9 +126,7 @@ class FlashInferMLAAdapter:
         layout = MLALayout.of(w._plan_info, bs, self.heads, causal, sms)
         if layout is None:
             return None
-        L = site.options.max_context_len
-        samples = [torch.full((bs,), q, dtype=torch.int32), torch.linspace(q, L, bs).round().int(),
-                   torch.tensor([L] + [q] * (bs - 1), dtype=torch.int32), lens_host.to(torch.int32)]
+        samples = [*sample_lengths(bs, site.options.max_context_len, short=q), lens_host.to(torch.int32)]
         try:
             agree = self._agrees(site, w, layout, q, qo_host, samples)
         except Exception as e:  # a kernel that does not build or run here: nothing to trust, so not used

@@ -172,6 +172,19 @@ def _get(v, lanes, j):
 
 
 @triton.jit
+def _push_up(hidx, hcost, c, hole, idx, cost):
+    """libstdc++'s ``__push_heap``: (idx, cost) placed at ``hole`` and moved up past every parent that
+    costs more; returns the heap's two arrays."""
+    parent = (hole - 1) // 2
+    while (hole > 0) & (_get(hcost, c, tl.maximum(parent, 0)) > cost):
+        hidx = tl.where(c == hole, _get(hidx, c, parent), hidx)
+        hcost = tl.where(c == hole, _get(hcost, c, parent), hcost)
+        hole = parent
+        parent = (hole - 1) // 2
+    return tl.where(c == hole, idx, hidx), tl.where(c == hole, cost, hcost)
+
+
+@triton.jit
 def _causal_end_t(qo_len, kv_len, tile, tile_q, tiles, group, CAUSAL: tl.constexpr):
     end = kv_len
     if CAUSAL:
@@ -253,25 +266,10 @@ def _mla_plan(qo_indptr, kv_indptr, kv_lens, words, scratch, bs, heads, num_sm, 
                     hidx = tl.where((c == hole) & last_parent, _get(hidx, c, child - 1), hidx)
                     hcost = tl.where((c == hole) & last_parent, _get(hcost, c, child - 1), hcost)
                     hole = tl.where(last_parent, child - 1, hole)
-                parent = (hole - 1) // 2
-                while (hole > 0) & (_get(hcost, c, tl.maximum(parent, 0)) > v_c):
-                    hidx = tl.where(c == hole, _get(hidx, c, parent), hidx)
-                    hcost = tl.where(c == hole, _get(hcost, c, parent), hcost)
-                    hole = parent
-                    parent = (hole - 1) // 2
-                hidx = tl.where(c == hole, v_i, hidx)
-                hcost = tl.where(c == hole, v_c, hcost)
+                hidx, hcost = _push_up(hidx, hcost, c, hole, v_i, v_c)
                 # insert: the popped cluster with its new cost, pushed up from the end (__push_heap)
                 new_c = top_c + (add_tile + actual.to(tl.float32))
-                hole = tl.zeros([], tl.int32) + (CLUSTERS - 1)
-                parent = (hole - 1) // 2
-                while (hole > 0) & (_get(hcost, c, tl.maximum(parent, 0)) > new_c):
-                    hidx = tl.where(c == hole, _get(hidx, c, parent), hidx)
-                    hcost = tl.where(c == hole, _get(hcost, c, parent), hcost)
-                    hole = parent
-                    parent = (hole - 1) // 2
-                hidx = tl.where(c == hole, top_i, hidx)
-                hcost = tl.where(c == hole, new_c, hcost)
+                hidx, hcost = _push_up(hidx, hcost, c, tl.zeros([], tl.int32) + (CLUSTERS - 1), top_i, new_c)
                 # the item: its cluster, its rank there, and what pass two needs to write it
                 rec = scratch + w * 7
                 tl.store(rec, top_i)

@@ -41,14 +41,13 @@ def _slot_lines(i: int, s) -> tuple[list[str], list[str], list[str], list[str]]:
                  "    return general(fb, bs, raw, capture)"]
     late = []
     total = f"bs * {s.per_row}" if s.per_row > 1 else "bs"
-    if not host_only and not s.full_range:  # the host cannot check it without a sync: handed to the
-        # device guard (Stager._guard_device_fields), as the general path does
-        copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
-                f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)",
-                "else:", f"    GUARDED.append((S{i}, a{i}.view(-1)[:{n}], {n}, {total}, {s.source!r}))"]
-    elif not host_only:
+    if not host_only:  # a device tensor on another device: the general path explains the refusal
         copy = [f"if a{i}.is_cpu:", *("    " + x for x in copy),
                 f"elif a{i}.get_device() != DEVICE:", "    return general(fb, bs, raw, capture)"]
+    if not host_only and not s.full_range:  # the host cannot check it without a sync: handed to the
+        # device guard (Stager._guard_device_fields), as the general path does
+        copy += ["else:", f"    GUARDED.append((S{i}, a{i}.view(-1)[:{n}], {n}, {total}, {s.source!r}))"]
+    elif not host_only:
         # a device field is copied into the graph's buffer: the destination's view per live count is
         # kept, and a source of exactly the live count is copied as it is (each view costs a few us)
         late = [f"if not a{i}.is_cpu:", f"    d = DVIEW{i}.get({n})", "    if d is None:",
