@@ -60,16 +60,17 @@ class FlashInferMLAAdapter:
 
     ``num_heads``: query heads on this rank; ``kv_lora_rank`` and ``qk_rope_head_dim``: the
     compressed-KV and rope widths (DeepSeek-V3: 512 and 64); ``sm_scale``: the model's softmax
-    scale (SGLang's ``model_config.scaling``); ``planner``: ``"host"`` (FlashInfer's C++ planner every
-    step, the default: the path measured on the H200) or ``"device"`` (the partition planned on the GPU
-    where it can be, checked against FlashInfer's first; not yet run on a GPU, so opt-in). A site's state holds
+    scale (SGLang's ``model_config.scaling``); ``planner``: ``"device"`` (the default: the partition
+    planned on the GPU where it can be, checked against FlashInfer's first; no host planner per step,
+    at a GPU cost of tens to hundreds of µs per step, docs/BENCHMARKS.md) or ``"host"`` (FlashInfer's
+    C++ planner every step, about 100 µs of host time, none on the GPU). A site's state holds
     its wrapper (``wrapper``), the indices view plan() is handed (``empty``), the lean host planner
     (``lean``) and the GPU planner (``device``)."""
 
     def __init__(self, backend, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                  sm_scale: float | None = None, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                  workspace: torch.Tensor | None = None, workspace_bytes: int = WORKSPACE_BYTES,
-                 planner: str = "host"):
+                 planner: str = "device"):
         if planner not in ("device", "host"):
             raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
         self.device_plans = planner == "device"

@@ -172,16 +172,36 @@ def _get(v, lanes, j):
 
 
 @triton.jit
-def _push_up(hidx, hcost, c, hole, idx, cost):
-    """libstdc++'s ``__push_heap``: (idx, cost) placed at ``hole`` and moved up past every parent that
-    costs more; returns the heap's two arrays."""
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _get2(v, lanes, j0, j1):
+    """``v[j0], v[j1]`` in one reduction tree (the two lookups share its shuffle rounds)."""
+    return tl.reduce((tl.where(lanes == j0, v, 0), tl.where(lanes == j1, v, 0)), 0, _add2)
+
+
+@triton.jit
+def _key(idx, cost):
+    """A heap entry as one int64: the cost's float32 bits above the cluster id. Costs are never
+    negative, so their bits order as their values: comparing ``key >> 32`` compares costs, and one
+    lookup moves an entry whole (half the cross-lane reductions of two arrays)."""
+    return (cost.to(tl.int32, bitcast=True).to(tl.int64) << 32) | idx.to(tl.int64)
+
+
+@triton.jit
+def _push_up(heap, c, hole, key):
+    """libstdc++'s ``__push_heap``: ``key`` placed at ``hole`` and moved up past every parent that
+    costs more; returns the heap."""
     parent = (hole - 1) // 2
-    while (hole > 0) & (_get(hcost, c, tl.maximum(parent, 0)) > cost):
-        hidx = tl.where(c == hole, _get(hidx, c, parent), hidx)
-        hcost = tl.where(c == hole, _get(hcost, c, parent), hcost)
+    above = _get(heap, c, tl.maximum(parent, 0))
+    while (hole > 0) & ((above >> 32) > (key >> 32)):
+        heap = tl.where(c == hole, above, heap)
         hole = parent
         parent = (hole - 1) // 2
-    return tl.where(c == hole, idx, hidx), tl.where(c == hole, cost, hcost)
+        above = _get(heap, c, tl.maximum(parent, 0))
+    return tl.where(c == hole, key, heap)
 
 
 @triton.jit
@@ -213,8 +233,7 @@ def _mla_plan(qo_indptr, kv_indptr, kv_lens, words, scratch, bs, heads, num_sm, 
     limit = tl.where(x <= 8, 32, tl.where(x <= 16, 64, tl.where(x <= 32, 128, tl.where(x <= 64, 192,
                                                                                             _cdiv_t(x, 256) * 256))))
     c = tl.arange(0, BLOCK_C)
-    hidx = c  # the heap: cluster ids and their costs, in libstdc++'s array order
-    hcost = tl.zeros([BLOCK_C], tl.float32)
+    heap = c.to(tl.int64)  # the heap in libstdc++'s array order: every cluster at cost 0 (``_key``)
     count = tl.zeros([BLOCK_C], tl.int32)  # items per cluster so far
     m = tl.zeros([], tl.int32)
     nnz = tl.zeros([], tl.int32)
@@ -248,28 +267,27 @@ def _mla_plan(qo_indptr, kv_indptr, kv_lens, words, scratch, bs, heads, num_sm, 
             while going:
                 actual = tl.minimum(remaining, limit)
                 # pop: the top leaves; the last element sifts down from the root (__adjust_heap)
-                top_i = _get(hidx, c, 0)
-                top_c = _get(hcost, c, 0)
-                v_i = _get(hidx, c, CLUSTERS - 1)
-                v_c = _get(hcost, c, CLUSTERS - 1)
+                top, last = _get2(heap, c, 0, CLUSTERS - 1)
                 hole = tl.zeros([], tl.int32)
                 child = tl.zeros([], tl.int32)
                 while child < (CLUSTERS - 2) // 2:  # the heap without its last element: CLUSTERS - 1 long
                     child = 2 * (child + 1)
-                    child = tl.where(_get(hcost, c, child) > _get(hcost, c, child - 1), child - 1, child)
-                    hidx = tl.where(c == hole, _get(hidx, c, child), hidx)
-                    hcost = tl.where(c == hole, _get(hcost, c, child), hcost)
+                    right, left = _get2(heap, c, child, child - 1)
+                    go_left = (right >> 32) > (left >> 32)
+                    child = tl.where(go_left, child - 1, child)
+                    heap = tl.where(c == hole, tl.where(go_left, left, right), heap)
                     hole = child
                 if (CLUSTERS % 2 == 1) and (CLUSTERS >= 3):  # an even length: a last lone left child
                     last_parent = child == (CLUSTERS - 3) // 2
                     child = tl.where(last_parent, 2 * (child + 1), child)
-                    hidx = tl.where((c == hole) & last_parent, _get(hidx, c, child - 1), hidx)
-                    hcost = tl.where((c == hole) & last_parent, _get(hcost, c, child - 1), hcost)
+                    heap = tl.where((c == hole) & last_parent, _get(heap, c, child - 1), heap)
                     hole = tl.where(last_parent, child - 1, hole)
-                hidx, hcost = _push_up(hidx, hcost, c, hole, v_i, v_c)
+                heap = _push_up(heap, c, hole, last)
                 # insert: the popped cluster with its new cost, pushed up from the end (__push_heap)
+                top_i = (top & 0xFFFFFFFF).to(tl.int32)
+                top_c = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
                 new_c = top_c + (add_tile + actual.to(tl.float32))
-                hidx, hcost = _push_up(hidx, hcost, c, tl.zeros([], tl.int32) + (CLUSTERS - 1), top_i, new_c)
+                heap = _push_up(heap, c, tl.zeros([], tl.int32) + (CLUSTERS - 1), _key(top_i, new_c))
                 # the item: its cluster, its rank there, and what pass two needs to write it
                 rec = scratch + w * 7
                 tl.store(rec, top_i)

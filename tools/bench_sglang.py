@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -56,14 +57,17 @@ FIELDS = {"decode": ("kv_indptr", "kv_indices", "num_kv_splits"),
 STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_len_buf", "_qo_indptr_buf")
 
 
-OWN = {"mla": "flashinfer"}  # SGLang's registry name of a kind: FlashInfer on an MLA model is "mla" here
-MODES = {"mla": ("verify",)}  # EAGLE's modes per kind: SGLang's FlashInfer MLA captures no draft extend graph
+# SGLang's registry name of a kind: FlashInfer on an MLA model is "mla" here; "mla-device" is the same with
+# attnmeta's in-graph MLA partition (ATTNMETA_PLANNER=device) in place of FlashInfer's C++ planner per step
+OWN = {"mla": "flashinfer", "mla-device": "flashinfer"}
+MODES = {"mla": ("verify",), "mla-device": ("verify",)}  # SGLang's FlashInfer MLA captures no draft extend graph
+PLANNER = {"mla": "host", "mla-device": "device"}
 
 
 def flags(kind: str, page: int, sizes, eagle: bool) -> list[str]:
     f = ["--attention-backend", f"attnmeta_{OWN.get(kind, kind)}", "--page-size", str(page),
          "--cuda-graph-bs-decode", *map(str, sizes), "--max-running-requests", str(max(sizes) + 8)]
-    if eagle and kind == "mla":  # FlashInfer MLA verifies a chain (topk 1), causal over the drafts
+    if eagle and kind.startswith("mla"):  # FlashInfer MLA verifies a chain (topk 1), causal over the drafts
         return f + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps",
                     "3", "--speculative-num-draft-tokens", "4"]
     return f + ["--speculative-algorithm", "EAGLE"] if eagle else f
@@ -102,7 +106,7 @@ class Side:
     def read(self, prep) -> dict:
         be, live = self.backend, prep.live
         mine = self.name == "attnmeta"
-        if self.kind == "mla":
+        if self.kind.startswith("mla"):
             return mla_read(be, mine, self.mode, prep)
         if self.kind == "flashinfer":
             if mine:
@@ -223,7 +227,7 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
         half = {k: (statistics.median(v[:iters]) * 1e6, statistics.median(v[iters:]) * 1e6)
                 for k, v in t.items() if k != "core"}
         ok = sum(equal(a, b) for a, b in zip(reads["sglang"], reads["attnmeta"], strict=True))
-        if kind == "mla":  # which half differs, if any: the indices or FlashInfer's plan words
+        if kind.startswith("mla"):  # which half differs, if any: the indices or FlashInfer's plan words
             pairs = list(zip(reads["sglang"], reads["attnmeta"], strict=True))
             same = {k: sum(torch.equal(a[k], b[k]) for a, b in pairs) for k in ("kv_indices", "plan")}
             print(f"  mla {mode} bs {bs}: kv_indices equal {same['kv_indices']}, plan words equal {same['plan']}",
@@ -274,7 +278,9 @@ def save(path: str | None, rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kinds", default="triton,flashinfer", help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2)")
+    ap.add_argument("--kinds", default="triton,flashinfer",
+                    help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2), mla-device (the same, its partition "
+                    "planned in the graph)")
     ap.add_argument("--pages", default="1,16")
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")
@@ -297,7 +303,8 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)
     for kind in a.kinds.split(","):
         for page in ints(a.pages):
-            model = dict(model="deepseek") if kind == "mla" else {}
+            model = dict(model="deepseek") if kind.startswith("mla") else {}
+            os.environ["ATTNMETA_PLANNER"] = PLANNER.get(kind, "device")
             s = Server(flags(kind, page, ints(a.sizes), False), device=a.device, rows=max(ints(a.sizes)) + 40,
                        context=4096, **model)
             rows += bench(s, kind, "decode", ints(a.sizes), a.iters, rng)

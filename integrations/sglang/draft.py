@@ -152,16 +152,19 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     original = DraftBackendFactory._create_backend
 
     def _create_backend(self, backend_name, backend_map, error_template, stamps_children=False):
+        from .registry import planner
+
         runner, extra = self.draft_model_runner, {}
         mla = getattr(runner, "use_mla_backend", False)
         for kind in DRAFTERS:
             name = prefix + kind
-            if stamps_children:  # draft decode: a multi-step container
-                extra[name] = (lambda k=kind, n=name: (n, _drafter(k, mla)(runner, self.topk,
-                                                                            self.speculative_num_steps))
+            fi = planner() if kind == "flashinfer" else {}  # ATTNMETA_PLANNER reaches FlashInfer's kinds only
+            if stamps_children:  # draft decode: a multi-step container (on MLA, SGLang's own: no planner choice)
+                extra[name] = (lambda k=kind, n=name, fi=fi: (n, _drafter(k, mla)(
+                                   runner, self.topk, self.speculative_num_steps, **({} if mla else fi)))
                                if self.speculative_num_steps > 1 else (n, None))
             else:
-                extra[name] = lambda k=kind, n=name: (n, _extender(k, mla)(runner, skip_prefill=False))
+                extra[name] = lambda k=kind, n=name, fi=fi: (n, _extender(k, mla)(runner, skip_prefill=False, **fi))
         return original(self, backend_name, {**backend_map, **extra}, error_template, stamps_children)
 
     _create_backend.attnmeta = True

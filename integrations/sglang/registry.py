@@ -44,18 +44,31 @@ def factory(kind: str, artifact: str | None = None):
         if getattr(runner, "use_mla_backend", False) and kind == "flashinfer":  # SGLang's flashinfer does so too
             from .mla import FlashInferMLABackend
 
-            return FlashInferMLABackend(runner, compiled=_artifact(artifact))
+            return FlashInferMLABackend(runner, compiled=_artifact(artifact), **planner())
         if getattr(runner, "use_mla_backend", False) and kind != "dsv4":
             raise OptionsError(f"attnmeta_{kind} serves multi-head attention models; this model uses MLA: serve it "
                                f"with attnmeta_flashinfer (FlashInfer MLA) or SGLang's own {kind} backend")
         cls = backend_class(kind)
         if kind == "flashinfer":
             _plan_stream(runner)
-            return cls(runner, init_new_workspace=runner.init_new_workspace, compiled=_artifact(artifact))
+            return cls(runner, init_new_workspace=runner.init_new_workspace, compiled=_artifact(artifact),
+                       **planner())
         return cls(runner, compiled=_artifact(artifact))
 
     create.__name__ = f"create_attnmeta_{kind}_backend"
     return create
+
+
+def planner() -> dict:
+    """``ATTNMETA_PLANNER=host|device``: which planner FlashInfer's kinds (MHA and MLA) run per step; unset:
+    ``device`` (the partition planned on the GPU where FlashInfer's version allows)."""
+    chosen = os.environ.get("ATTNMETA_PLANNER")
+    if chosen is None:
+        return {}
+    if chosen not in ("host", "device"):
+        raise OptionsError(f"ATTNMETA_PLANNER={chosen!r}: set it to 'host' (FlashInfer's own planner every step) "
+                           "or 'device' (the partition planned on the GPU), or unset it")
+    return {"planner": chosen}
 
 
 def _plan_stream(runner) -> None:

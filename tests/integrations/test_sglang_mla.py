@@ -38,6 +38,18 @@ def server(request):
         yield Server(FLAGS[request.param], seed=5, model="deepseek")
 
 
+def test_attnmeta_planner_picks_the_planner_and_refuses_what_it_does_not_know():
+    from attnmeta.compiler.ir.errors import OptionsError
+
+    with pytest.MonkeyPatch.context() as mp:
+        fake_flashinfer.into_sglang_mla(mp)
+        mp.setenv("ATTNMETA_PLANNER", "host")
+        assert not Server(FLAGS["plain"], seed=5, model="deepseek").backend.adapter.device_plans
+        mp.setenv("ATTNMETA_PLANNER", "gpu")
+        with pytest.raises(OptionsError, match="ATTNMETA_PLANNER='gpu'"):
+            Server(FLAGS["plain"], seed=5, model="deepseek")
+
+
 def same_plan(ours, theirs, n: int, what: str) -> None:
     """What FlashInfer's MLA kernel reads, equal: the last plan each wrapper made (the host query and kv
     indptrs and kv lengths its planner turns into work items, the heads, ranks and causality) and, on
@@ -54,6 +66,7 @@ def test_sglang_built_its_flashinfer_mla_backend_with_attnmeta_metadata(server):
     assert (o.num_heads, o.num_kv_heads, o.page_size) == (mc.num_attention_heads, 1, server.runner.page_size)
     assert be.adapter.workspace is be.workspace_buffer  # FlashInfer's workspace: SGLang's own
     assert (be.adapter.ckv, be.adapter.kpe, be.adapter.sm_scale) == (mc.kv_lora_rank, mc.qk_rope_head_dim, mc.scaling)
+    assert be.adapter.device_plans  # the default: the partition planned on the GPU where FlashInfer's allows
     if server.speculative:  # draft extend compiled; draft decode SGLang's own MLA drafter (not compiled yet)
         from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAMultiStepDraftBackend
 
