@@ -84,6 +84,30 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+@contextlib.contextmanager
+def _triton_launches(on_launch: Callable[[Callable[[], None]], None], rec: _Recorder) -> Iterator[None]:
+    """Any Triton kernel launched in the interpreter while capturing (an engine's own, launched without
+    ``launch``) is one recorded launch, as a CUDA graph records it, not the interpreter's tensor traffic
+    (whose shapes depend on the captured values). Launches through ``launch`` are already one."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # no Triton: no kernel to record
+        yield
+        return
+    run = InterpretedFunction.run
+
+    def recorded(self, *args, **kwargs):
+        if rec.paused:  # inside a launch already being recorded
+            return run(self, *args, **kwargs)
+        on_launch(lambda: run(self, *args, **kwargs))
+
+    InterpretedFunction.run = recorded
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = run
+
+
 class EmulatedGraph:
     """CPU stand-in for ``torch.cuda.CUDAGraph`` with capture/replay semantics."""
 
@@ -107,7 +131,7 @@ class EmulatedGraph:
 
         token = LAUNCH_HOOK.set(on_launch)
         try:
-            with guard, rec:
+            with guard, rec, _triton_launches(on_launch, rec):
                 yield
         finally:
             LAUNCH_HOOK.reset(token)

@@ -117,6 +117,8 @@ class Server:
         r.is_draft_worker, r.draft_attention_backend = False, None
         r.spec_algorithm = SpeculativeAlgorithm.from_string(self.spec.speculative_algorithm)
         r.page_size, r.sliding_window_size, r.init_new_workspace = P, None, False
+        r.max_running_requests = self.rows - 1  # the request pool's rows, as SGLang sizes it from the flag
+        r.model = torch.nn.Module()  # no weights are loaded: a model without layers (TRT-LLM MHA scans its modules)
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
         dt = torch.float32 if self.device == "cpu" else torch.bfloat16
         r.use_mla_backend, r.kv_cache_dtype, r.dtype = mc.attention_arch is AttentionArch.MLA, dt, dt
@@ -295,6 +297,7 @@ class Runners:
         self.fill = backend.get_cuda_graph_seq_len_fill_value() if hasattr(backend,
                                                                            "get_cuda_graph_seq_len_fill_value") else 1
         self.graphs: dict = {}
+        self.static: dict = {}  # (mode, bs) -> the batch captured: its tensors are the runner's buffers
         self._graph = lambda: new_graph(torch.device(server.device))  # a CUDA graph on a GPU, else emulated
         with server.active():
             backend.init_cuda_graph_state(max(self.sizes), max(self.sizes) * width)
@@ -312,8 +315,18 @@ class Runners:
                 with g.capture():
                     self.backend.init_forward_metadata_in_graph(fb)
                 self.graphs[(mode_key, bs)] = g
+                self.static[(mode_key, bs)] = fb
 
     def replay(self, fb, mode_key, view):
+        """As SGLang's runners replay: the batch's rows and lengths copied into the buffers the graph was
+        captured on (a kernel recorded in in_graph reads those), and the view handed out_graph points at
+        them."""
+        static = self.static[(mode_key, view.batch_size)]
+        for f in ("seq_lens", "req_pool_indices"):
+            src, dst = getattr(view, f, None), getattr(static, f, None)
+            if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.shape == dst.shape:
+                dst.copy_(src)
+                setattr(view, f, dst)
         with self.server.active():
             self.backend.init_forward_metadata_out_graph(view)
             self.graphs[(mode_key, view.batch_size)].replay()

@@ -3,6 +3,8 @@ work on the captured tensors only, and capture rejects host syncs."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from attnmeta.compiler.lowering import triton_kernels
 from attnmeta.runtime import CaptureSyncError, EmulatedGraph
@@ -70,6 +72,28 @@ def test_triton_launch_is_recorded_and_replayed():
     rows.copy_(torch.tensor([0, 3]))
     g.replay()
     assert out[:5].tolist() == [0, 1, 2, 15, 16]
+
+
+@triton.jit
+def _copy_first(src, dst, n_ptr):
+    n = tl.load(n_ptr)
+    for i in range(0, n):  # a loop whose trip count is read from memory
+        tl.store(dst + i, tl.load(src + i))
+
+
+def test_an_engines_own_triton_launch_is_one_recorded_launch():
+    """A kernel launched straight through Triton (an engine's own, not through ``launch``) is recorded as
+    one launch, re-run at replay on the captured tensors' new contents, as a CUDA graph records it."""
+    src, dst = torch.arange(1, 9, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    n = torch.tensor([2], dtype=torch.int32)
+    g = EmulatedGraph()
+    with g.capture():
+        _copy_first[(1,)](src, dst, n)
+    assert dst.tolist() == [1, 2, 0, 0, 0, 0, 0, 0] and g.num_ops == 1
+    n.fill_(5)
+    src.mul_(10)
+    g.replay()
+    assert dst.tolist() == [10, 20, 30, 40, 50, 0, 0, 0]
 
 
 def test_replay_before_capture_and_double_capture_are_errors():
