@@ -17,7 +17,7 @@ import sys
 
 from attnmeta.integrations.sglang import register
 
-BACKENDS = register()  # attnmeta_triton, attnmeta_flashinfer, attnmeta_dsv4
+BACKENDS = register()  # attnmeta_triton, attnmeta_flashinfer, attnmeta_dsv4, the TRT-LLM and CuTe-DSL kinds
 
 
 def main(argv=None) -> None:

@@ -162,6 +162,25 @@ def into_sglang_mla(monkeypatch) -> types.ModuleType:
     return fi
 
 
+def into_sglang_trtllm(monkeypatch) -> types.ModuleType:
+    """What SGLang's TRT-LLM MHA / MLA and CuTe-DSL MLA backends need at ``__init__`` that a CPU lacks, stood
+    in: FlashInfer's wrappers (their base classes' ``__init__`` build them) and ``flashinfer.utils``'s SM
+    count and trtllm-gen counter size (the persistent multi-CTA counter buffer they allocate), and TRT-LLM
+    MLA's JIT build of its zero-KV fix-up kernel (nvcc for a GPU). No kernel of these runs here: only their
+    metadata code does."""
+    import sglang.srt.layers.attention.trtllm_mha_backend as mha
+    import sglang.srt.layers.attention.trtllm_mla_backend as mla
+
+    fi = into_sglang(monkeypatch)
+    into_sglang_mla(monkeypatch)
+    fi.utils = types.SimpleNamespace(get_device_sm_count=lambda device: 132,
+                                     get_trtllm_gen_multi_ctas_kv_counter_bytes=lambda *a, **k: 4096)
+    for m in (mha, mla):
+        monkeypatch.setattr(m, "flashinfer", fi, raising=False)
+    monkeypatch.setattr(mla, "_jit_fixup_module", lambda dtype: None)
+    return fi
+
+
 class _OnTheCPU:
     """``torch`` as SGLang's FlashInfer module sees it on a CPU: tensors it makes on ``"cuda"`` are made
     on the CPU (SGLang names the device outright in its CUDA-graph buffers)."""

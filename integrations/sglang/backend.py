@@ -42,7 +42,6 @@ class TritonBackend(CompiledModes, _SGLangTriton):
                                   sm_count=0 if static else self.device_core_count,
                                   max_kv_splits=self.max_kv_splits)
         self._attach(compiled, wanted, self.req_to_token, model_runner.device)
-        self._view.draft_width = wanted.num_draft_tokens
         self._eager_scratch: dict = {}
 
     def unserved(self) -> list[str]:
@@ -174,7 +173,6 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
                                   plan_on_device=device_planned(planner))
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
-        self._view.draft_width = wanted.num_draft_tokens
         from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, self.num_head, self.num_kv_head, self.head_dim,

@@ -133,11 +133,21 @@ def _drafter(kind: str, mla: bool):
     return DRAFTERS[kind]
 
 
+# kinds whose EAGLE draft decode stays SGLang's own multi-step drafter (attnmeta compiles their target and
+# draft-extend metadata)
+OWN_DRAFT_DECODE = ("trtllm_mha", "trtllm_mla", "cutedsl_mla")
+
+
 def _extender(kind: str, mla: bool):
     if mla and kind == "flashinfer":
         from .mla import FlashInferMLABackend
 
         return FlashInferMLABackend
+    if kind in OWN_DRAFT_DECODE:
+        from .registry import backend_class
+
+        # CuTe-DSL MLA serves decode only: SGLang's draft extend falls back to TRT-LLM MLA, and so does this
+        return backend_class("trtllm_mla" if kind == "cutedsl_mla" else kind)
     return EXTENDERS[kind]
 
 
@@ -156,10 +166,12 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
 
         runner, extra = self.draft_model_runner, {}
         mla = getattr(runner, "use_mla_backend", False)
-        for kind in DRAFTERS:
+        for kind in (*DRAFTERS, *OWN_DRAFT_DECODE):
             name = prefix + kind
             fi = planner() if kind == "flashinfer" else {}  # ATTNMETA_PLANNER reaches FlashInfer's kinds only
-            if stamps_children:  # draft decode: a multi-step container (on MLA, SGLang's own: no planner choice)
+            if stamps_children and kind in OWN_DRAFT_DECODE:
+                extra[name] = backend_map[kind]  # SGLang's own multi-step drafter of that kind
+            elif stamps_children:  # draft decode: a multi-step container (on MLA, SGLang's own: no planner choice)
                 extra[name] = (lambda k=kind, n=name, fi=fi: (n, _drafter(k, mla)(
                                    runner, self.topk, self.speculative_num_steps, **({} if mla else fi)))
                                if self.speculative_num_steps > 1 else (n, None))

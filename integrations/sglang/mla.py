@@ -35,7 +35,6 @@ class FlashInferMLABackend(CompiledModes, _SGLangMLA):
         self._dcp = getattr(par, "dcp_enabled", False)
         wanted = resolved_options(model_runner, self, num_heads=self.num_local_heads, num_kv_heads=1)
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
-        self._view.draft_width = wanted.num_draft_tokens
         self.adapter = FlashInferMLAAdapter(self.attnmeta, self.num_local_heads, mc.kv_lora_rank,
                                             mc.qk_rope_head_dim, sm_scale=mc.scaling, q_dtype=model_runner.dtype,
                                             kv_dtype=model_runner.dtype, workspace=self.workspace_buffer,

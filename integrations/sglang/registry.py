@@ -1,13 +1,14 @@
 """Plugging the backends into SGLang: its attention-backend registry and its EAGLE draft factory.
 
-``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer`` and ``attnmeta_dsv4`` to SGLang's
-registry and to the names ``--attention-backend`` (and ``--decode-attention-backend``,
+``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer``, ``attnmeta_dsv4``,
+``attnmeta_trtllm_mha``, ``attnmeta_trtllm_mla`` and ``attnmeta_cutedsl_mla`` to SGLang's registry
+and to the names ``--attention-backend`` (and ``--decode-attention-backend``,
 ``--prefill-attention-backend``) accept, and teaches SGLang's ``DraftBackendFactory`` the same names
 for EAGLE's draft decode and draft extend, and lets its speculative-decoding checks take each name for
 the kind it is (``_speculative_checks_see_kinds``). SGLang then builds them from its ``ModelRunner`` as it
-builds its own kinds: each is SGLang's own backend of that kind (``backend.py``), compiled at start
-from what SGLang resolved or, with ``ATTNMETA_ARTIFACT=path`` (an artifact of ``attnmeta compile ...
---out path``), loaded without compiling and checked against the server.
+builds its own kinds: each is SGLang's own backend of that kind (``backend.py``, ``trtllm.py``), compiled
+at start from what SGLang resolved or, with ``ATTNMETA_ARTIFACT=path`` (an artifact of ``attnmeta compile
+... --out path``), loaded without compiling and checked against the server.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import os
 from attnmeta.compiler.compile import load_compiled
 from attnmeta.compiler.ir.errors import OptionsError
 
-KINDS = ("triton", "flashinfer", "dsv4")
+KINDS = ("triton", "flashinfer", "dsv4", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
+MLA_ONLY = ("trtllm_mla", "cutedsl_mla")  # kinds SGLang builds for MLA models only
+MHA_ONLY = ("triton", "trtllm_mha")  # and for multi-head attention models only (flashinfer serves both)
 
 
 def backend_class(kind: str):
@@ -26,6 +29,11 @@ def backend_class(kind: str):
         from .dsv4_backend import DSV4Backend
 
         return DSV4Backend
+    if kind in ("trtllm_mha", *MLA_ONLY):
+        from . import trtllm
+
+        return {"trtllm_mha": trtllm.TRTLLMMHABackend, "trtllm_mla": trtllm.TRTLLMMLABackend,
+                "cutedsl_mla": trtllm.CuteDSLMLABackend}[kind]
     from .backend import KINDS as classes
 
     return classes[kind]
@@ -45,9 +53,14 @@ def factory(kind: str, artifact: str | None = None):
             from .mla import FlashInferMLABackend
 
             return FlashInferMLABackend(runner, compiled=_artifact(artifact), **planner())
-        if getattr(runner, "use_mla_backend", False) and kind != "dsv4":
+        mla = getattr(runner, "use_mla_backend", False)
+        if mla and kind in MHA_ONLY:
             raise OptionsError(f"attnmeta_{kind} serves multi-head attention models; this model uses MLA: serve it "
-                               f"with attnmeta_flashinfer (FlashInfer MLA) or SGLang's own {kind} backend")
+                               f"with attnmeta_flashinfer (FlashInfer MLA), attnmeta_trtllm_mla (Blackwell) or "
+                               f"SGLang's own {kind} backend")
+        if not mla and kind in MLA_ONLY:
+            raise OptionsError(f"attnmeta_{kind} serves MLA models (DeepSeek, Kimi); this model has multi-head "
+                               "attention: serve it with attnmeta_trtllm_mha, attnmeta_flashinfer or attnmeta_triton")
         cls = backend_class(kind)
         if kind == "flashinfer":
             _plan_stream(runner)

@@ -70,7 +70,7 @@ class CompiledModes:
         else:
             check_agrees(compiled.options, wanted, "the compiled artifact")
         self.attnmeta = compiled.instantiate(req_to_token, device=device, pools=pools or None)
-        self._view = BatchView()
+        self._view = BatchView(wanted.num_draft_tokens)  # draft extend: how many query rows a request has
         self._ours = None  # the batch whose metadata attnmeta staged last (in_graph must follow it)
         self._shaped: dict[tuple, tuple] = {}  # (mode, bs) -> (bound fields, SGLang's metadata object)
         self._too_big_logged = False
