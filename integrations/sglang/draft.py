@@ -144,10 +144,10 @@ def _extender(kind: str, mla: bool):
 
         return FlashInferMLABackend
     if kind in OWN_DRAFT_DECODE:
-        from .registry import backend_class
+        from .trtllm import TRTLLMMHABackend, TRTLLMMLABackend
 
         # CuTe-DSL MLA serves decode only: SGLang's draft extend falls back to TRT-LLM MLA, and so does this
-        return backend_class("trtllm_mla" if kind == "cutedsl_mla" else kind)
+        return TRTLLMMHABackend if kind == "trtllm_mha" else TRTLLMMLABackend
     return EXTENDERS[kind]
 
 
@@ -162,7 +162,7 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     original = DraftBackendFactory._create_backend
 
     def _create_backend(self, backend_name, backend_map, error_template, stamps_children=False):
-        from .registry import planner
+        from .options import planner
 
         runner, extra = self.draft_model_runner, {}
         mla = getattr(runner, "use_mla_backend", False)

@@ -27,6 +27,8 @@ num_heads, kv heads    the model's, per attention-TP rank (``tp_size / dp / cp``
 
 from __future__ import annotations
 
+import os
+
 from attnmeta.compiler import CompileOptions
 from attnmeta.compiler.ir.errors import OptionsError
 
@@ -105,3 +107,15 @@ def _headroom(cfg, speculative: bool) -> int:
         return get_req_to_token_extra_context_len()
     except (ImportError, ValueError):  # no published runtime config in this process
         return 4 + ((cfg.speculative_num_draft_tokens or 0) if speculative else 0)
+
+
+def planner() -> dict:
+    """``ATTNMETA_PLANNER=host|device``: which planner FlashInfer's kinds (MHA and MLA) run per step; unset:
+    ``device`` (the partition planned on the GPU where FlashInfer's version allows)."""
+    chosen = os.environ.get("ATTNMETA_PLANNER")
+    if chosen is None:
+        return {}
+    if chosen not in ("host", "device"):
+        raise OptionsError(f"ATTNMETA_PLANNER={chosen!r}: set it to 'host' (FlashInfer's own planner every step) "
+                           "or 'device' (the partition planned on the GPU), or unset it")
+    return {"planner": chosen}

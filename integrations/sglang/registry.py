@@ -18,6 +18,8 @@ import os
 from attnmeta.compiler.compile import load_compiled
 from attnmeta.compiler.ir.errors import OptionsError
 
+from .options import planner
+
 KINDS = ("triton", "flashinfer", "dsv4", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
 MLA_ONLY = ("trtllm_mla", "cutedsl_mla")  # kinds SGLang builds for MLA models only
 MHA_ONLY = ("triton", "trtllm_mha")  # and for multi-head attention models only (flashinfer serves both)
@@ -70,18 +72,6 @@ def factory(kind: str, artifact: str | None = None):
 
     create.__name__ = f"create_attnmeta_{kind}_backend"
     return create
-
-
-def planner() -> dict:
-    """``ATTNMETA_PLANNER=host|device``: which planner FlashInfer's kinds (MHA and MLA) run per step; unset:
-    ``device`` (the partition planned on the GPU where FlashInfer's version allows)."""
-    chosen = os.environ.get("ATTNMETA_PLANNER")
-    if chosen is None:
-        return {}
-    if chosen not in ("host", "device"):
-        raise OptionsError(f"ATTNMETA_PLANNER={chosen!r}: set it to 'host' (FlashInfer's own planner every step) "
-                           "or 'device' (the partition planned on the GPU), or unset it")
-    return {"planner": chosen}
 
 
 def _plan_stream(runner) -> None:
