@@ -18,7 +18,7 @@ import torch
 
 from attnmeta.runtime import BatchError
 
-from .options import resolved_options
+from .options import rank_heads, resolved_options
 from .served import CAPTURED, CompiledModes
 
 try:
@@ -164,11 +164,8 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None,
                  init_new_workspace: bool = False, *, compiled=None, planner: str = "device"):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, kv_last_page_len_buf, init_new_workspace)
-        from sglang.srt.runtime_context import get_parallel
-
         mc = model_runner.model_config
-        tp = get_parallel().attn_tp_size
-        self.num_head, self.num_kv_head = mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
+        self.num_head, self.num_kv_head = rank_heads(model_runner)
         self.head_dim = mc.head_dim
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
                                   plan_on_device=device_planned(planner))

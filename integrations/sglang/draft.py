@@ -19,7 +19,8 @@ import logging
 
 from attnmeta.compiler.ir.errors import OptionsError
 
-from .backend import FlashInferBackend, TritonBackend, device_planned, resolved_options, split_scratch
+from .backend import FlashInferBackend, TritonBackend, device_planned, split_scratch
+from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
 log = logging.getLogger("attnmeta.integrations")
@@ -94,7 +95,6 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
 
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None, planner="device"):
         super().__init__(model_runner, topk, speculative_num_steps)
-        from sglang.srt.runtime_context import get_parallel
 
         from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 
@@ -102,8 +102,7 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         if self.draft_window_size > 0 or c.num_wrappers != 1:
             raise OptionsError("attnmeta's multistep_flashinfer does not plan a draft window or two wrappers "
                                "(sliding-window or cross attention); serve this draft with SGLang's flashinfer")
-        tp = get_parallel().attn_tp_size
-        heads = (mc.num_attention_heads // tp, mc.get_num_kv_heads(tp), mc.head_dim)
+        heads = (*rank_heads(model_runner), mc.head_dim)
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1],
                                   plan_on_device=device_planned(planner))

@@ -119,3 +119,11 @@ def planner() -> dict:
         raise OptionsError(f"ATTNMETA_PLANNER={chosen!r}: set it to 'host' (FlashInfer's own planner every step) "
                            "or 'device' (the partition planned on the GPU), or unset it")
     return {"planner": chosen}
+
+
+def rank_heads(runner) -> tuple[int, int]:
+    """Query and KV heads on this attention-TP rank, as SGLang's backends size them."""
+    from sglang.srt.runtime_context import get_parallel
+
+    tp, mc = get_parallel().attn_tp_size, runner.model_config
+    return mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)

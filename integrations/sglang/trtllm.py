@@ -13,7 +13,7 @@ the key lengths the recorded graph writes.
 
 from __future__ import annotations
 
-from .options import resolved_options
+from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
 try:
@@ -24,21 +24,13 @@ except ImportError as e:
     raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
 
 
-def _heads(runner) -> tuple[int, int]:
-    """Query and KV heads on this attention-TP rank, as SGLang's backends size them."""
-    from sglang.srt.runtime_context import get_parallel
-
-    tp = get_parallel().attn_tp_size
-    return runner.model_config.num_attention_heads // tp, runner.model_config.get_num_kv_heads(tp)
-
-
 class TRTLLMMHABackend(CompiledModes, _SGLangTRTLLMMHA):
     spec_name, sglang_name = "trtllm_mha", "trtllm_mha"
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None,
                  speculative_step_id: int = 0, *, compiled=None):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, kv_last_page_len_buf, speculative_step_id)
-        q, kv = _heads(model_runner)
+        q, kv = rank_heads(model_runner)
         wanted = resolved_options(model_runner, self, num_heads=q, num_kv_heads=kv)
         self._attach(compiled, wanted, self.req_to_token, model_runner.device)
 
