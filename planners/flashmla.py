@@ -2,14 +2,17 @@
 
 FlashMLA's decode kernel runs ``num_sm_parts`` persistent parts; its scheduler splits every
 request's key blocks (64 tokens each, plus a fixed overhead of 5 blocks per request) greedily
-across the parts, writing each part's ``[begin_idx, begin_block, end_idx, end_block,
-begin_n_split]`` (``tile_scheduler_metadata``, 8 words a part, the last three unused) and each
-request's cumulative split count (``num_splits``). SGLang calls it every step from its backend;
-here it is one Triton program written from FlashMLA's dense BF16 SM90 source (its single-warp
-``get_mla_metadata_kernel`` and the host's part count, ``max(sm_count / h_k /
-ceil(q_tokens_per_head_k / 64), 1)``), launched after the metadata graph from the step's
-``cache_seqlens`` into the bound fields, so capture records it and every replay reruns it. No host
-work per step. ``schedule`` is the same algorithm in Python, line by line: the tests' oracle.
+across the parts. Each part gets one ``DecodingSchedMeta`` (``tile_scheduler_metadata``, 8 int32
+words: ``begin_req, end_req`` (both inclusive), ``begin_block, end_block`` (end exclusive),
+``begin_split``, ``first_split, last_split`` (whether the part's first / last request is shared
+with another part), one unused word) and every request its cumulative split count
+(``num_splits``). SGLang calls it every step from its backend; here it is one Triton program written
+from FlashMLA's dense decode scheduler (its single-warp ``get_mla_metadata_kernel`` and the host's
+part count, ``max(sm_count / h_k / ceil(q_tokens_per_head_k / 64), 1)``), launched after the
+metadata graph from the step's ``cache_seqlens`` into the bound fields, so capture records it and
+every replay reruns it. No host work per step. ``schedule`` is the same algorithm in Python, line
+by line: the tests' oracle. Both are checked word for word against FlashMLA's own scheduler (SGLang's
+``sgl-flash-mla`` wheel) on the H200: ``tests/gpu/test_flashmla_schedule.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from attnmeta.runtime.planning import Site
 
 SCHEDULER = "flashmla.tile_schedule"
 BLOCK_N, OVERHEAD, META_WORDS = 64, 5, 8  # key block, fixed overhead in blocks, words per part
+SCHEDULED = 7  # the words of a part FlashMLA writes (the eighth is padding)
 
 
 def num_sm_parts(sm_count: int, q_tokens_per_head_k: int, heads_k: int = 1) -> int:
@@ -34,19 +38,17 @@ def num_sm_parts(sm_count: int, q_tokens_per_head_k: int, heads_k: int = 1) -> i
 
 
 def schedule(seqlens: list[int], parts: int, block_n: int = BLOCK_N, overhead: int = OVERHEAD):
-    """FlashMLA's scheduler in Python: ``(meta [parts][5], num_splits [bs + 1])``."""
+    """FlashMLA's scheduler in Python: ``(meta [parts][7], num_splits [bs + 1])``."""
     bs = len(seqlens)
     if bs == 0:  # no requests (a TBO child of none): every part empty, ending before request 0
-        return [[0, 0, -1, 0, 0] for _ in range(parts)], [0]
+        return [[0, -1, 0, 0, 0, 0, 0] for _ in range(parts)], [0]
     last = [max(s - 1, 0) // block_n for s in seqlens]  # a request's key blocks: 0 .. last
     blocks = [x + 1 for x in last]
     payload = -(-sum(b + overhead for b in blocks) // parts) + overhead
     splits, meta = [0] * (bs + 1), []
     idx = block = n_split = cum = 0
     for _ in range(parts):
-        # FlashMLA reads the begin block of request ``idx`` even once every request is placed: past the
-        # batch, its shared array is followed by the last-block array, whose first entry it reads
-        begin = [idx, block + (0 if idx < bs else last[0]), 0, 0, n_split]
+        begin_idx, begin_block, begin_split, first_split = idx, block, n_split, block != 0
         remain = payload
         while idx < bs:
             left = blocks[idx] - block
@@ -60,9 +62,12 @@ def schedule(seqlens: list[int], parts: int, block_n: int = BLOCK_N, overhead: i
                     block += remain - overhead
                     n_split += 1
                 break
-        begin[2] = idx if block > 0 else idx - 1
-        begin[3] = block if block > 0 else (0 if seqlens[idx - 1] == 0 else last[idx - 1] + 1)
-        meta.append(begin)
+        end_idx = idx if block > 0 else idx - 1
+        end_block = block if block > 0 else (0 if seqlens[idx - 1] == 0 else last[idx - 1] + 1)
+        last_split = end_block != last[end_idx] + 1 and seqlens[end_idx] != 0
+        if begin_idx == end_idx:  # one request: split at either end is split at both
+            first_split = last_split = first_split or last_split
+        meta.append([begin_idx, end_idx, begin_block, end_block, begin_split, int(first_split), int(last_split)])
     return meta, splits
 
 
@@ -73,15 +78,16 @@ def _tile_schedule(seqlens, meta, splits, bs, parts, BLOCK_N: tl.constexpr, OVER
     s = tl.load(seqlens + offs, mask=offs < bs, other=0)
     total = tl.sum(tl.where(offs < bs, tl.maximum(s - 1, 0) // BLOCK_N + 1 + OVERHEAD, 0), axis=0)
     payload = (total + parts - 1) // parts + OVERHEAD
-    last0 = tl.maximum(tl.load(seqlens, mask=bs > 0, other=0) - 1, 0) // BLOCK_N  # an empty batch reads nothing
     tl.store(splits, 0)
     idx = tl.zeros([], tl.int32)
     block = tl.zeros([], tl.int32)
     n_split = tl.zeros([], tl.int32)
     cum = tl.zeros([], tl.int32)
     for p in range(0, parts):
+        begin_idx = idx
+        first_split = block != 0
         tl.store(meta + p * 8, idx)
-        tl.store(meta + p * 8 + 1, block + tl.where(idx < bs, 0, last0))
+        tl.store(meta + p * 8 + 2, block)
         tl.store(meta + p * 8 + 4, n_split)
         remain = payload
         going = idx < bs
@@ -100,11 +106,18 @@ def _tile_schedule(seqlens, meta, splits, bs, parts, BLOCK_N: tl.constexpr, OVER
                     block += remain - OVERHEAD
                     n_split += 1
                 going = False
-        prev = tl.maximum(idx - 1, 0)
-        s_prev = tl.load(seqlens + prev, mask=bs > 0, other=0)
-        end_block = tl.where(s_prev == 0, 0, tl.maximum(s_prev - 1, 0) // BLOCK_N + 1)
-        tl.store(meta + p * 8 + 2, tl.where(block > 0, idx, idx - 1))
-        tl.store(meta + p * 8 + 3, tl.where(block > 0, block, end_block))
+        end_idx = tl.where(block > 0, idx, idx - 1)
+        s_prev = tl.load(seqlens + tl.maximum(idx - 1, 0), mask=bs > 0, other=0)
+        end_block = tl.where(block > 0, block, tl.where(s_prev == 0, 0, tl.maximum(s_prev - 1, 0) // BLOCK_N + 1))
+        s_end = tl.load(seqlens + tl.maximum(end_idx, 0), mask=bs > 0, other=0)
+        last_split = (end_block != tl.maximum(s_end - 1, 0) // BLOCK_N + 1) & (s_end != 0) & (bs > 0)
+        one = begin_idx == end_idx
+        first_split = tl.where(one, first_split | last_split, first_split)
+        last_split = tl.where(one, first_split, last_split)
+        tl.store(meta + p * 8 + 1, end_idx)
+        tl.store(meta + p * 8 + 3, end_block)
+        tl.store(meta + p * 8 + 5, first_split.to(tl.int32))
+        tl.store(meta + p * 8 + 6, last_split.to(tl.int32))
 
 
 def tile_schedule(seqlens: torch.Tensor, meta: torch.Tensor, splits: torch.Tensor) -> None:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from attnmeta.planners.flashmla import META_WORDS, num_sm_parts, schedule
+from attnmeta.planners.flashmla import META_WORDS, SCHEDULED, num_sm_parts, schedule
 
 PAGE = 64
 
@@ -37,7 +37,7 @@ class EagerFlashMLA:
         parts = num_sm_parts(self.sm_count, q * self.heads)
         meta, splits = schedule(keys, parts)
         words = torch.zeros(parts, META_WORDS, dtype=torch.int32)
-        words[:, :5] = torch.tensor(meta, dtype=torch.int32)
+        words[:, :SCHEDULED] = torch.tensor(meta, dtype=torch.int32)
         dev = self.req_to_token.device
         return SimpleNamespace(block_kv_indices=self.table[:bs], cache_seqlens=torch.tensor(keys, dtype=torch.int32),
                                tile_scheduler_metadata=words.to(dev),

@@ -1,31 +1,44 @@
 """The ``flashmla`` spec's in-graph tile scheduler against FlashMLA's own ``get_mla_metadata`` on a
-GPU (the words its decode kernel reads: each part's first five, and ``num_splits``), for DeepSeek's
-decode and verify shapes. Needs FlashMLA (SGLang's ``sgl-flash-mla`` wheel: ``flash_mla``)."""
+GPU (the words its decode kernel reads: each part's seven, and ``num_splits``), for DeepSeek's
+decode and verify shapes, lengths from 0 to 8192. Needs FlashMLA (SGLang's ``sgl-flash-mla`` wheel: ``flash_mla``)."""
 
 import random
 
 import pytest
 import torch
 
-from attnmeta.planners.flashmla import META_WORDS, num_sm_parts, tile_schedule
+from attnmeta.planners.flashmla import META_WORDS, SCHEDULED, num_sm_parts, tile_schedule
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _same_as_flashmla(flash_mla, lens: list[int], q_tokens: int) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    want_meta, want_splits = flash_mla.get_mla_decoding_metadata(seq, q_tokens * 128, 1, None, False, None,
+                                                                 use_legacy=True)
+    parts = num_sm_parts(sms, q_tokens * 128)
+    assert want_meta.shape[0] == parts
+    meta = torch.zeros(parts, META_WORDS, dtype=torch.int32, device="cuda")
+    splits = torch.zeros(len(lens) + 1, dtype=torch.int32, device="cuda")
+    tile_schedule(seq, meta, splits)
+    torch.cuda.synchronize()
+    assert torch.equal(meta[:, :SCHEDULED], want_meta[:, :SCHEDULED]), (lens, meta.tolist(), want_meta.tolist())
+    assert torch.equal(splits, want_splits), lens
 
 
 @pytest.mark.parametrize("q_tokens", [1, 4], ids=["decode", "verify4"])
 def test_the_in_graph_schedule_is_flashmlas_word_for_word(q_tokens):
     flash_mla = pytest.importorskip("flash_mla", reason="FlashMLA (sgl-flash-mla) is not installed here")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rng = random.Random(q_tokens)
     for bs in (1, 7, 64, 256):
-        lens = [rng.choice([1, 63, 64, 65, 4096]) if rng.random() < 0.3 else rng.randint(1, 8192) for _ in range(bs)]
-        seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        want_meta, want_splits = flash_mla.get_mla_decoding_metadata(seq, q_tokens * 128, 1, None, False, None,
-                                                                     use_legacy=True)
-        parts = num_sm_parts(sms, q_tokens * 128)
-        assert want_meta.shape[0] == parts
-        meta = torch.zeros(parts, META_WORDS, dtype=torch.int32, device="cuda")
-        splits = torch.zeros(bs + 1, dtype=torch.int32, device="cuda")
-        tile_schedule(seq, meta, splits)
-        torch.cuda.synchronize()
-        assert torch.equal(meta[:, :5], want_meta[:, :5]) and torch.equal(splits, want_splits), bs
+        for _ in range(4):
+            _same_as_flashmla(flash_mla, [rng.choice([1, 63, 64, 65, 4096]) if rng.random() < 0.3
+                                          else rng.randint(1, 8192) for _ in range(bs)], q_tokens)
+
+
+def test_empty_keys_are_scheduled_as_flashmla_does():
+    """A request of no keys (never in SGLang's batches, whose padding rows hold one key)."""
+    flash_mla = pytest.importorskip("flash_mla", reason="FlashMLA (sgl-flash-mla) is not installed here")
+    for lens in ([0], [5, 0], [0, 300, 0, 70], [0] * 7):
+        _same_as_flashmla(flash_mla, lens, 1)

@@ -11,18 +11,22 @@ import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir.errors import OptionsError
-from attnmeta.planners.flashmla import META_WORDS, num_sm_parts, schedule, tile_schedule
+from attnmeta.planners.flashmla import META_WORDS, SCHEDULED, num_sm_parts, schedule, tile_schedule
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import capture, make_pool
 
 pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
 
-# worked by hand: key blocks of 64 tokens plus 5 of overhead each, the payload ceil(total / parts) + 5
+# worked by hand: key blocks of 64 tokens plus 5 of overhead each, the payload ceil(total / parts) + 5; a
+# part's words [begin_req, end_req, begin_block, end_block, begin_split, first_split, last_split]
 HAND = [
     # two one-block requests over two parts: one request each
-    ([64, 1], 2, [[0, 0, 0, 1, 0], [1, 0, 1, 1, 0]], [0, 1, 2]),
-    # ten blocks over two parts: the request splits at block 8, the second part starting split 1
-    ([640], 2, [[0, 0, 0, 8, 0], [0, 8, 0, 10, 1]], [0, 2]),
+    ([64, 1], 2, [[0, 0, 0, 1, 0, 0, 0], [1, 1, 0, 1, 0, 0, 0]], [0, 1, 2]),
+    # ten blocks over two parts: the request splits at block 8 (a part of one split request is split at
+    # both ends), the second part starting split 1
+    ([640], 2, [[0, 0, 0, 8, 0, 1, 1], [0, 0, 8, 10, 1, 1, 1]], [0, 2]),
+    # a whole request, then the first 5 of the next one's 10 blocks: only the part's last request is split
+    ([64, 640], 2, [[0, 1, 0, 5, 0, 0, 1], [1, 1, 5, 10, 1, 1, 1]], [0, 1, 3]),
 ]
 
 
@@ -30,7 +34,7 @@ def kernel(seqlens: list[int], parts: int):
     meta = torch.full((parts, META_WORDS), -7, dtype=torch.int32)
     splits = torch.full((len(seqlens) + 1,), -7, dtype=torch.int32)
     tile_schedule(torch.tensor(seqlens, dtype=torch.int32), meta, splits)
-    return meta[:, :5].tolist(), splits.tolist()
+    return meta[:, :SCHEDULED].tolist(), splits.tolist()
 
 
 @pytest.mark.parametrize(("seqlens", "parts", "meta", "splits"), HAND)
@@ -74,7 +78,7 @@ def test_the_schedule_is_rerun_by_every_replay():
         m = be.forward_metadata
         padded = lens + [1] * (4 - len(lens))
         meta, splits = schedule(padded, num_sm_parts(cb.options.sm_count, 128))
-        assert m.tile_scheduler_metadata[:, :5].tolist() == meta and m.num_splits.tolist() == splits
+        assert m.tile_scheduler_metadata[:, :SCHEDULED].tolist() == meta and m.num_splits.tolist() == splits
         assert [t.data_ptr() for t in m.plan] == [m.tile_scheduler_metadata.data_ptr(), m.num_splits.data_ptr()]
 
 
