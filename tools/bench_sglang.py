@@ -58,8 +58,10 @@ STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_
 
 
 # SGLang's registry name of a kind: FlashInfer on an MLA model is "mla" here; "mla-device" is the same with
-# attnmeta's in-graph MLA partition (ATTNMETA_PLANNER=device) in place of FlashInfer's C++ planner per step
+# attnmeta's in-graph MLA partition (ATTNMETA_PLANNER=device) in place of FlashInfer's C++ planner per step;
+# "flashmla" is FlashMLA (on DeepSeek-V3's 128 heads: its schedule's part count depends on them)
 OWN = {"mla": "flashinfer", "mla-device": "flashinfer"}
+MLA_MODELS = ("mla", "mla-device", "flashmla")
 MODES = {"mla": ("verify",), "mla-device": ("verify",)}  # SGLang's FlashInfer MLA captures no draft extend graph
 PLANNER = {"mla": "host", "mla-device": "device"}
 
@@ -67,7 +69,7 @@ PLANNER = {"mla": "host", "mla-device": "device"}
 def flags(kind: str, page: int, sizes, eagle: bool) -> list[str]:
     f = ["--attention-backend", f"attnmeta_{OWN.get(kind, kind)}", "--page-size", str(page),
          "--cuda-graph-bs-decode", *map(str, sizes), "--max-running-requests", str(max(sizes) + 8)]
-    if eagle and kind.startswith("mla"):  # FlashInfer MLA verifies a chain (topk 1), causal over the drafts
+    if eagle and kind in MLA_MODELS:  # FlashInfer MLA and FlashMLA verify a chain (topk 1), causal over the drafts
         return f + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps",
                     "3", "--speculative-num-draft-tokens", "4"]
     return f + ["--speculative-algorithm", "EAGLE"] if eagle else f
@@ -108,6 +110,8 @@ class Side:
         mine = self.name == "attnmeta"
         if self.kind.startswith("mla"):
             return mla_read(be, mine, self.mode, prep)
+        if self.kind == "flashmla":
+            return flashmla_read(be.forward_metadata, self.mode, prep)
         if self.kind == "flashinfer":
             if mine:
                 md = be.forward_metadata
@@ -142,6 +146,20 @@ def mla_read(be, mine: bool, mode: str, prep) -> dict:
     layout = MLALayout.of(w._plan_info, prep.bs, 0, False, sms)  # where the plan's arrays are (same on both)
     plan = torch.cat([words[a:a + n] for a, n in read_regions(layout, words)]) if layout else words.clone()
     return {"kv_indices": w._kv_indices_buf[:total].clone(), "plan": plan}
+
+
+def flashmla_read(md, mode: str, prep) -> dict:
+    """What FlashMLA's kernel reads: the pages each live row's keys cover, the whole tile schedule (every
+    part's seven words, the split counts of the rows scheduled) and, in draft extend, the key lengths."""
+    from attnmeta.planners.flashmla import SCHEDULED
+
+    D = prep.fb.spec_info.draft_token_num if mode == "verify" else 0
+    keys = (prep.fb.seq_lens[: prep.live] + D).tolist()
+    out = {"pages": torch.cat([md.block_kv_indices[i, : -(-k // 64)] for i, k in enumerate(keys)]).clone(),
+           "schedule": md.flashmla_metadata[:, :SCHEDULED].clone(), "splits": md.num_splits[: prep.bs + 1].clone()}
+    if mode == "extend":
+        out["seq_lens_k"] = md.seq_lens_k[: prep.live].clone()
+    return out
 
 
 def core_step(backend, runner, mode, prep) -> float:
@@ -280,7 +298,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default="triton,flashinfer",
                     help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2), mla-device (the same, its partition "
-                    "planned in the graph)")
+                    "planned in the graph), flashmla (FlashMLA, pages of 64: --pages 64 --eagle-pages 64)")
     ap.add_argument("--pages", default="1,16")
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")
@@ -303,7 +321,7 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)
     for kind in a.kinds.split(","):
         for page in ints(a.pages):
-            model = dict(model="deepseek") if kind.startswith("mla") else {}
+            model = dict(model="deepseek-h128" if kind == "flashmla" else "deepseek") if kind in MLA_MODELS else {}
             os.environ["ATTNMETA_PLANNER"] = PLANNER.get(kind, "device")
             s = Server(flags(kind, page, ints(a.sizes), False), device=a.device, rows=max(ints(a.sizes)) + 40,
                        context=4096, **model)

@@ -134,7 +134,7 @@ def _drafter(kind: str, mla: bool):
 
 # kinds whose EAGLE draft decode stays SGLang's own multi-step drafter (attnmeta compiles their target and
 # draft-extend metadata)
-OWN_DRAFT_DECODE = ("trtllm_mha", "trtllm_mla", "cutedsl_mla")
+OWN_DRAFT_DECODE = ("flashmla", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
 
 
 def _extender(kind: str, mla: bool):
@@ -142,6 +142,10 @@ def _extender(kind: str, mla: bool):
         from .mla import FlashInferMLABackend
 
         return FlashInferMLABackend
+    if kind == "flashmla":
+        from .flashmla import FlashMLABackend
+
+        return FlashMLABackend
     if kind in OWN_DRAFT_DECODE:
         from .trtllm import TRTLLMMHABackend, TRTLLMMLABackend
 

@@ -127,3 +127,14 @@ def rank_heads(runner) -> tuple[int, int]:
 
     tp, mc = get_parallel().attn_tp_size, runner.model_config
     return mc.num_attention_heads // tp, mc.get_num_kv_heads(tp)
+
+
+def device_sms(device) -> dict:
+    """``sm_count`` of the runner's GPU, for the kernels that size a schedule by it as their library asks the
+    device (FlashMLA's ``get_mla_metadata``); off a GPU nothing (the option's default)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return {}
+    return {"sm_count": torch.cuda.get_device_properties(dev).multi_processor_count}

@@ -1,12 +1,13 @@
 """Plugging the backends into SGLang: its attention-backend registry and its EAGLE draft factory.
 
-``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer``, ``attnmeta_dsv4``,
+``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer``, ``attnmeta_dsv4``, ``attnmeta_flashmla``,
 ``attnmeta_trtllm_mha``, ``attnmeta_trtllm_mla`` and ``attnmeta_cutedsl_mla`` to SGLang's registry
 and to the names ``--attention-backend`` (and ``--decode-attention-backend``,
 ``--prefill-attention-backend``) accept, and teaches SGLang's ``DraftBackendFactory`` the same names
-for EAGLE's draft decode and draft extend, and lets its speculative-decoding checks take each name for
-the kind it is (``_speculative_checks_see_kinds``). SGLang then builds them from its ``ModelRunner`` as it
-builds its own kinds: each is SGLang's own backend of that kind (``backend.py``, ``trtllm.py``), compiled
+for EAGLE's draft decode and draft extend, and lets its speculative-decoding checks and its page-size rule
+take each name for the kind it is (``_rules_see_kinds``). SGLang then builds them from its ``ModelRunner``
+as it builds its own kinds: each is SGLang's own backend of that kind (``backend.py``, ``flashmla.py``,
+``trtllm.py``), compiled
 at start from what SGLang resolved or, with ``ATTNMETA_ARTIFACT=path`` (an artifact of ``attnmeta compile
 ... --out path``), loaded without compiling and checked against the server.
 """
@@ -20,8 +21,8 @@ from attnmeta.compiler.ir.errors import OptionsError
 
 from .options import planner
 
-KINDS = ("triton", "flashinfer", "dsv4", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
-MLA_ONLY = ("trtllm_mla", "cutedsl_mla")  # kinds SGLang builds for MLA models only
+KINDS = ("triton", "flashinfer", "dsv4", "flashmla", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
+MLA_ONLY = ("flashmla", "trtllm_mla", "cutedsl_mla")  # kinds SGLang builds for MLA models only
 MHA_ONLY = ("triton", "trtllm_mha")  # and for multi-head attention models only (flashinfer serves both)
 
 
@@ -31,6 +32,10 @@ def backend_class(kind: str):
         from .dsv4_backend import DSV4Backend
 
         return DSV4Backend
+    if kind == "flashmla":
+        from .flashmla import FlashMLABackend
+
+        return FlashMLABackend
     if kind in ("trtllm_mha", *MLA_ONLY):
         from . import trtllm
 
@@ -58,8 +63,8 @@ def factory(kind: str, artifact: str | None = None):
         mla = getattr(runner, "use_mla_backend", False)
         if mla and kind in MHA_ONLY:
             raise OptionsError(f"attnmeta_{kind} serves multi-head attention models; this model uses MLA: serve it "
-                               f"with attnmeta_flashinfer (FlashInfer MLA), attnmeta_trtllm_mla (Blackwell) or "
-                               f"SGLang's own {kind} backend")
+                               "with attnmeta_flashinfer (FlashInfer MLA), attnmeta_flashmla (Hopper), "
+                               f"attnmeta_trtllm_mla (Blackwell) or SGLang's own {kind} backend")
         if not mla and kind in MLA_ONLY:
             raise OptionsError(f"attnmeta_{kind} serves MLA models (DeepSeek, Kimi); this model has multi-head "
                                "attention: serve it with attnmeta_trtllm_mha, attnmeta_flashinfer or attnmeta_triton")
@@ -100,7 +105,7 @@ def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str
             choices.ATTENTION_BACKEND_CHOICES.append(name)
         names.append(name)
     patch_draft_factory(prefix)
-    _speculative_checks_see_kinds(prefix)
+    _rules_see_kinds(prefix)
     return names
 
 
@@ -122,20 +127,29 @@ class _KindView:
         return value
 
 
-def _speculative_checks_see_kinds(prefix: str) -> None:
-    """SGLang's speculative-decoding hook decides by backend name which kinds serve what (for instance
-    EAGLE with topk > 1 on pages > 1: only its triton, flashinfer and fa3, whose draft metadata reads
-    each branch's page-aligned region). attnmeta's backends are those kinds and compile the same
-    layout, so the hook reads ``prefix + kind`` as ``kind``; every other hook sees the real name.
-    Idempotent."""
-    from sglang.srt.arg_groups import speculative_hook
+def _rules_see_kinds(prefix: str) -> None:
+    """SGLang decides some things by backend name, and attnmeta's backends are those kinds compiling the
+    same layout, so two of its rules read ``prefix + kind`` as ``kind`` (every other rule sees the real
+    name). Its speculative-decoding hook: which kinds serve what (for instance EAGLE with topk > 1 on pages
+    > 1: only its triton, flashinfer and fa3, whose draft metadata reads each branch's page-aligned
+    region). Its MLA page-size rule: the page size a kind's kernels need, set for the user (FlashMLA's 64,
+    TRT-LLM MLA's and CuTe-DSL's 32 or 64, TRT-LLM MHA's 16 to 128). Idempotent."""
+    import functools
+
+    from sglang.srt.arg_groups import attention_hook, speculative_hook
 
     real = speculative_hook.resolved_view
-    if getattr(real, "attnmeta", False):
-        return
+    if not getattr(real, "attnmeta", False):
+        def resolved_view(server_args):
+            return _KindView(real(server_args), prefix)
 
-    def resolved_view(server_args):
-        return _KindView(real(server_args), prefix)
+        resolved_view.attnmeta = True
+        speculative_hook.resolved_view = resolved_view
+    pages = attention_hook._mla_backend_page_constraints
+    if not getattr(pages, "attnmeta", False):
+        @functools.wraps(pages)  # SGLang records the rule's decisions under its name
+        def page_constraints(view) -> dict:
+            return pages(_KindView(view, prefix))
 
-    resolved_view.attnmeta = True
-    speculative_hook.resolved_view = resolved_view
+        page_constraints.attnmeta = True
+        attention_hook._mla_backend_page_constraints = page_constraints

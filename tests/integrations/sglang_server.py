@@ -56,7 +56,9 @@ DEEPSEEK = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_
             "max_position_embeddings": 1024,
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "torch_dtype": "bfloat16", "hidden_act": "silu",
             "tie_word_embeddings": False}
-MODELS = {"llama": LLAMA, "deepseek": DEEPSEEK}
+# DeepSeek-V3's 128 query heads: where a kernel's schedule depends on the heads (FlashMLA's part count)
+MODELS = {"llama": LLAMA, "deepseek": DEEPSEEK, "deepseek-h128": {**DEEPSEEK, "num_attention_heads": 128,
+                                                                  "num_key_value_heads": 128}}
 ROWS = 24  # request rows of the pools (the first reserved); every row's whole width has KV slots of its own
 
 

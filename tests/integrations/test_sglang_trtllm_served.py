@@ -37,22 +37,23 @@ from tests.integrations.test_sglang_serving import lens
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
          "--speculative-num-draft-tokens", "4"]
-CASES = {  # kind, model, page size, EAGLE
-    "trtllm_mha-page16-eagle": ("trtllm_mha", "llama", 16, True),
-    "trtllm_mha-page1": ("trtllm_mha", "llama", 1, False),
-    "trtllm_mla-page64-eagle": ("trtllm_mla", "deepseek", 64, True),
-    "cutedsl_mla-page32": ("cutedsl_mla", "deepseek", 32, False),
+CASES = {  # kind, model, --page-size, EAGLE, the page size SGLang's rule for the kind sets
+    "trtllm_mha-page16-eagle": ("trtllm_mha", "llama", 16, True, 16),
+    "trtllm_mha-page1-is-64": ("trtllm_mha", "llama", 1, False, 64),  # TRT-LLM MHA has no 1-token pages
+    "trtllm_mla-page64-eagle": ("trtllm_mla", "deepseek", 64, True, 64),
+    "cutedsl_mla-page32": ("cutedsl_mla", "deepseek", 32, False, 32),
 }
 CLASSES = {"trtllm_mha": TRTLLMMHABackend, "trtllm_mla": TRTLLMMLABackend, "cutedsl_mla": CuteDSLMLABackend}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
-    kind, model, page, eagle = CASES[request.param]
+    kind, model, page, eagle, expected_page = CASES[request.param]
     with pytest.MonkeyPatch.context() as mp:
         fake_flashinfer.into_sglang_trtllm(mp)
         s = Server(["--attention-backend", f"attnmeta_{kind}", "--page-size", str(page), *(EAGLE if eagle else [])],
                    seed=13, model=model)
+        s.expected_page = expected_page
         yield kind, s, mp
 
 
@@ -61,6 +62,7 @@ def test_sglang_built_attnmeta_from_its_flags(case):
     assert type(s.backend) is CLASSES[kind]
     o = s.backend.attnmeta.compiled.options
     assert (o.page_size, o.max_bs) == (s.runner.page_size, max(s.sizes))
+    assert s.runner.page_size == s.expected_page  # SGLang's page rule of the kind applied to attnmeta's name
     if s.speculative:  # draft extend compiled (cutedsl_mla's is TRT-LLM MLA's, as SGLang's); draft decode SGLang's
         assert isinstance(s.draft_extend, TRTLLMMHABackend if kind == "trtllm_mha" else TRTLLMMLABackend)
         assert not hasattr(s.draft_decode, "attnmeta")

@@ -4,9 +4,9 @@ processes, which import this too). Each matches the decision SGLang itself makes
 
 - ``sglang.kernels.ops.gemm.cutedsl_dual_gemm``: the CuTe-DSL dual GEMM (Blackwell only; its
   ``nvidia-cutlass-dsl`` is not installed): ``can_use_dual_gemm`` answers no, as on a Hopper GPU;
-- ``sglang.srt.layers.attention.flashmla_backend``: FlashMLA's backend (its ``flash_mla`` library is in
-  SGLang's kernel package): EAGLE's draft-extend setup imports its class for an ``isinstance`` list
-  only; building one raises.
+- ``sglang.srt.layers.attention.flashmla_backend``, where FlashMLA's ``flash_mla`` (SGLang's
+  ``sgl-flash-mla`` wheel, ``tools/h200.sh`` installs it from ``.whl``) is not installed: EAGLE's
+  draft-extend setup imports its class for an ``isinstance`` list only; building one raises.
 
 And one shim on SGLang's own code, for the FlashInfer this machine has: SGLang 0.5.23 is written for
 FlashInfer 0.7, whose prefill ``plan`` takes one argument more (``uniform_q_len``, passed as 0, which is
@@ -20,6 +20,7 @@ draft-extend graphs) passes all 20 and 0.6.4 refuses the call; under FlashInfer 
 import enum
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 
@@ -76,8 +77,9 @@ def _flashinfer_06(m):
 
 AFTER_IMPORT = {"sglang.srt.layers.attention.flashinfer_backend": _flashinfer_06}
 
-STANDINS = {"sglang.kernels.ops.gemm.cutedsl_dual_gemm": _dual_gemm,
-            "sglang.srt.layers.attention.flashmla_backend": _flashmla}
+STANDINS = {"sglang.kernels.ops.gemm.cutedsl_dual_gemm": _dual_gemm}
+if importlib.util.find_spec("flash_mla") is None:  # FlashMLA's wheel (sgl-flash-mla) is not installed
+    STANDINS["sglang.srt.layers.attention.flashmla_backend"] = _flashmla
 
 
 class _Patched(importlib.abc.Loader):
