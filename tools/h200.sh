@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up a fresh lent H200 for attnmeta's GPU tier and SGLang's engine, then run the given command.
 #   run(command="bash tools/h200.sh pytest -m cuda tests/gpu", carry=[".whl", ".sgl"])
-# .whl: FlashInfer's wheels (fetch-wheels.sh); .sgl: SGLang's Python code and its import-time wheels
-# (pack-sglang.sh). SGLang's kernel package is stood in by tests/gpu/standin (torch-only bodies for what a
+# .whl: FlashInfer's wheels (fetch-wheels.sh) and FlashMLA's (pip download --no-deps sgl-flash-mla; built on
+# torch's stable ABI, it loads on the machine's torch 2.11); .sgl: SGLang's Python code and its import-time
+# wheels (pack-sglang.sh). SGLang's kernel package is stood in by tests/gpu/standin (torch-only bodies for what a
 # dense model calls; everything else raises when called).
 set -euo pipefail
 mkdir -p /tmp/sgl
