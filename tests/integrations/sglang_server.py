@@ -281,6 +281,15 @@ __all__ = ["LLAMA", "ROWS", "Server", "SimpleNamespace", "decode", "draft_decode
            "prefill", "rows_read", "tree_mask", "verify"]
 
 
+def without_host_lengths(fb):
+    """``fb`` as SGLang's scheduler hands it to backends that declare ``needs_cpu_seq_lens = False`` (FlashMLA,
+    TRT-LLM MLA and MHA): no host mirror of the lengths, no host sum."""
+    fb.seq_lens_cpu, fb.seq_lens_sum = None, None
+    if getattr(fb, "spec_info", None) is not None and hasattr(fb.spec_info, "seq_lens_cpu"):
+        fb.spec_info.seq_lens_cpu = None
+    return fb
+
+
 # --- SGLang's three graph runners, as they drive a backend (capture, then pad, view and replay) ---
 class Runners:
     """Capture and replay as SGLang's ``DecodeCudaGraphRunner`` (decode, idle, target verify),
