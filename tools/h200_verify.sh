@@ -8,7 +8,8 @@
 #   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu; FlashInfer MLA included), about 3 minutes
 #   engine    SGLang's real engine, every case, four at a time (tests/gpu/test_sglang_engine.py), about 4
 #   sglang    attnmeta_flashinfer beside SGLang's own FlashInfer backend (test_sglang_flashinfer.py), about 3
-#   sanitize  compute-sanitizer memcheck on the FlashInfer shapes and the Triton engine tests, alone, about 4
+#   sanitize  compute-sanitizer memcheck on the FlashInfer shapes, the Triton engine tests and FlashMLA over attnmeta's
+#             metadata, alone, about 5
 #   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,10 @@ for stage in "$@"; do
       summary "$OUT/memcheck_flashinfer.log"
       compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda tests/gpu/test_cuda_engine.py \
         -p no:cacheprovider > "$OUT/memcheck_engine.log" 2>&1
-      summary "$OUT/memcheck_engine.log" ;;
+      summary "$OUT/memcheck_engine.log"
+      compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda tests/gpu/test_flashmla_attention.py \
+        tests/gpu/test_flashmla_schedule.py -k "not gpu_time" -p no:cacheprovider > "$OUT/memcheck_flashmla.log" 2>&1
+      summary "$OUT/memcheck_flashmla.log" ;;
     bench)
       python3 tools/bench_sglang.py --kinds triton,flashinfer,mla --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
       grep "^|" "$OUT/bench.log" ;;
