@@ -270,9 +270,10 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     max_bs, L, fm = max(sizes), max_context_len, ForwardMode.parse(mode)
     if plan_on_device and planner == "flashinfer-host":
         raise OptionsError("--plan-on-device leaves no host indptrs to plan from: drop --planner flashinfer-host")
+    page = _page_size(backend)
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
                                                      modes=(fm,), num_draft_tokens=D, num_steps=STEPS,
-                                                     plan_on_device=plan_on_device))
+                                                     plan_on_device=plan_on_device, page_size=page))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0
@@ -287,6 +288,15 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     rows = [_bench_bs(bs, packed, pool, eager, dev, iters, warmup, L, planner, fm, pools)
             for bs in progress(sizes, f"bench {backend}", unit="size")]
     return rows, planner
+
+
+def _page_size(backend: str) -> int:
+    """Token slots (page size 1), or the smallest page a paged-only kernel takes (FlashMLA's 64, TRT-LLM
+    MLA's 32): the pool's slots are random either way, so the pages are too, as much as any timing needs."""
+    from attnmeta.compiler import get_spec
+
+    served = get_spec(backend).page_sizes
+    return 1 if not served or 1 in served else min(served)
 
 
 def _tbo_step(inner_step):

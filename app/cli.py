@@ -342,7 +342,7 @@ def parser() -> argparse.ArgumentParser:
                         formatter_class=fmt)
     be.add_argument("--backend", default="flashinfer", choices=[
         *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton", "trtllm_mha")),
-        "multistep_flashinfer", "multistep_triton", "dsv4"])
+        "multistep_flashinfer", "multistep_triton", "dsv4", "flashmla", "trtllm_mla"])
     be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
     be.add_argument("--iters", type=int, default=300, help="timed steps per size and column")
     be.add_argument("--max-context-len", type=int, default=4096, help="L")

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from attnmeta.compiler.lowering.launch import launch
-from attnmeta.compiler.lowering.triton_kernels import jit
+from attnmeta.compiler.lowering.triton_kernels import jit, torch_on
 from attnmeta.runtime.planning import Site
 
 SCHEDULER = "flashmla.tile_schedule"
@@ -123,8 +123,17 @@ def _tile_schedule(seqlens, meta, splits, bs, parts, BLOCK_N: tl.constexpr, OVER
 def tile_schedule(seqlens: torch.Tensor, meta: torch.Tensor, splits: torch.Tensor) -> None:
     """FlashMLA's schedule of ``seqlens`` (int32 [bs]) into ``meta`` ([parts, 8]) and ``splits`` ([bs + 1])."""
     bs, parts = seqlens.shape[0], meta.shape[0]
+    if torch_on(seqlens):  # CPU tensors without Triton's interpreter: the same algorithm on the host
+        launch(lambda: _schedule_into(seqlens, meta, splits))
+        return
     launch(lambda: _tile_schedule[(1,)](seqlens, meta, splits, bs, parts, BLOCK_N=BLOCK_N, OVERHEAD=OVERHEAD,
                                          BS=triton.next_power_of_2(max(bs, 1))))
+
+
+def _schedule_into(seqlens: torch.Tensor, meta: torch.Tensor, splits: torch.Tensor) -> None:
+    words, cum = schedule(seqlens.tolist(), meta.shape[0])
+    meta[:, :SCHEDULED] = torch.tensor(words, dtype=meta.dtype)
+    splits.copy_(torch.tensor(cum, dtype=splits.dtype))
 
 
 class FlashMLAScheduler:

@@ -234,7 +234,7 @@ def test_bench_measures_the_speculative_modes(capsys, mode):
     for flashinfer, the prefill planner: the labelled stand-in on a CPU)."""
     import json
 
-    for backend in ("flashinfer", "triton", "flashattention", "dsv4"):
+    for backend in ("flashinfer", "triton", "flashattention", "dsv4", "flashmla", "trtllm_mla"):
         assert main(["bench", "--backend", backend, "--mode", mode, "--sizes", "1", "4", "--iters", "5",
                      "--device", "cpu", "--json"]) == 0
         out = capsys.readouterr().out
@@ -245,10 +245,11 @@ def test_bench_measures_the_speculative_modes(capsys, mode):
 
 
 @pytest.mark.parametrize("backend", ["tbo_flashinfer", "tbo_triton", "multistep_flashinfer", "multistep_triton",
-                                     "dsv4"])
+                                     "dsv4", "flashmla", "trtllm_mla"])
 def test_bench_measures_the_wrapped_backends(capsys, backend):
-    """Two-batch overlap (the eager side builds the batch and both halves, each planned) and the
-    multi-step drafter (one eager backend and one plan per draft step) are benched like the others."""
+    """Two-batch overlap (the eager side builds the batch and both halves, each planned), the multi-step
+    drafter (one eager backend and one plan per draft step) and the paged-only MLA kinds (FlashMLA's
+    64-token pages and its scheduler, TRT-LLM MLA's pages) are benched like the others."""
     import json
 
     assert main(["bench", "--backend", backend, "--sizes", "2", "4", "--iters", "5", "--device", "cpu", "--json"]) == 0

@@ -43,6 +43,16 @@ def test_the_schedule_of_cases_worked_by_hand(seqlens, parts, meta, splits):
     assert kernel(seqlens, parts) == (meta, splits)
 
 
+def test_without_the_interpreter_a_cpu_schedules_on_the_host(monkeypatch):
+    """CPU tensors where Triton's interpreter is off (the demo's and the benchmark's torch kernels): the
+    scheduler runs as Python, to the same words as the cases worked by hand."""
+    from attnmeta.compiler.lowering import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "CPU_KERNELS", "torch")
+    for seqlens, parts, meta, splits in HAND:
+        assert kernel(seqlens, parts) == (meta, splits)
+
+
 def test_the_kernel_schedules_as_flashmla_does():
     rng = random.Random(0)
     edges = [1, 2, 63, 64, 65, 127, 128, 129, 4095, 4096, 4097]
