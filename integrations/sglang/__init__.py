@@ -7,6 +7,10 @@
   step's metadata compiled into one recorded kernel (``draft.py``);
 - ``DSV4Backend``: SGLang's own DeepSeek-V4 backend with its captured modes' metadata compiled
   (``dsv4_backend.py``; ``dsv4.forward_metadata`` builds SGLang's ``DSV4Metadata``);
+- ``FlashInferMLABackend``, ``FlashMLABackend``, ``TRTLLMMLABackend``, ``CuteDSLMLABackend``,
+  ``TRTLLMMHABackend``: SGLang's MLA-family and TRT-LLM backends the same way (``mla.py``,
+  ``flashmla.py``, ``trtllm.py``; ``FlashMLABackend`` also needs FlashMLA installed, so it is not in
+  ``__all__``);
 - ``compile_options(server_args, model_config)``: the compile options SGLang resolves for a server,
   for an artifact compiled ahead of serving;
 - ``register()``: the backends in SGLang's attention-backend registry and its EAGLE draft factory
@@ -17,12 +21,15 @@ The batch mapping (``BatchView``, ``attnmeta_mode``) needs no SGLang; everything
 
 from .batch import MODES, BatchView, attnmeta_mode
 
-__all__ = ["MODES", "BatchView", "DSV4Backend", "FlashInferBackend", "FlashInferDraftBackend", "TritonBackend",
+__all__ = ["MODES", "BatchView", "CuteDSLMLABackend", "DSV4Backend", "FlashInferBackend", "FlashInferDraftBackend",
+           "FlashInferMLABackend", "TRTLLMMHABackend", "TRTLLMMLABackend", "TritonBackend",
            "TritonDraftBackend", "attnmeta_mode", "compile_options", "factory", "register"]
 
 _LAZY = {"TritonBackend": "backend", "FlashInferBackend": "backend", "TritonDraftBackend": "draft",
          "FlashInferDraftBackend": "draft", "DSV4Backend": "dsv4_backend", "factory": "registry",
-         "register": "registry", "compile_options": "options"}
+         "register": "registry", "compile_options": "options", "FlashInferMLABackend": "mla",
+         "FlashMLABackend": "flashmla", "TRTLLMMHABackend": "trtllm", "TRTLLMMLABackend": "trtllm",
+         "CuteDSLMLABackend": "trtllm"}
 
 
 def __getattr__(name):  # the SGLang-facing pieces import SGLang: only when asked for
