@@ -23,17 +23,8 @@ import torch
 from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.planners.flashmla import SCHEDULED
 from tests import fake_flash_mla
-from tests.integrations.sglang_server import (
-    ROWS,
-    Runners,
-    Server,
-    decode,
-    decode_view,
-    draft_extend,
-    draft_extend_view,
-    verify,
-    without_host_lengths,
-)
+from tests.integrations.served_pairs import serve, side_by_side
+from tests.integrations.sglang_server import ROWS, Server, decode
 from tests.integrations.test_sglang_serving import lens
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
@@ -78,24 +69,8 @@ def _same(ours, theirs, keys: list[int], rows: int, extend: bool, what: str) -> 
 
 def test_every_step_equals_sglangs_own_flashmla(server):
     s, rng = server, random.Random(5)
-    own = s.own("flashmla")
-    D = s.spec.speculative_num_draft_tokens if s.speculative else 1
+    modes, pairs, D = side_by_side(s, "flashmla")
     L = s.model_config.context_len
-    target = [Runners(s, s.backend, "flashmla", D), Runners(s, own, "flashmla", D)]
-    with s.active():
-        for r in target:
-            if s.speculative:
-                r.capture(lambda bs, r=r: verify(s, [0] * bs, [r.fill] * bs, random.Random(bs)), "verify")
-            else:
-                r.capture(lambda bs, r=r: decode(s, [0] * bs, [r.fill] * bs), "decode")
-    modes = ["verify"] if s.speculative else ["decode"]
-    if s.speculative:
-        extenders = [Runners(s, s.draft_extend, "flashmla", D), Runners(s, s.own_drafters("flashmla")[1],
-                                                                         "flashmla", D)]
-        with s.active():
-            for r in extenders:
-                r.capture(lambda bs: draft_extend(s, [0] * bs, [1] * bs), "extend")
-        modes.append("extend")
     key_edges = [64, 65, 128, 129, 63, 127, L - D]  # keys at page and block edges (a verify's count its drafts)
     for step in range(20):
         mode, replayed = modes[step % len(modes)], step % 4 != 3
@@ -103,18 +78,8 @@ def test_every_step_equals_sglangs_own_flashmla(server):
         rows = rng.sample(range(1, ROWS), n)
         extra = 0 if mode == "decode" else D
         seq = [rng.choice(key_edges) - extra for _ in range(n)] if step % 3 != 2 else lens(rng, n, L - 2 * D)
-        runners = extenders if mode == "extend" else target
-        with s.active():
-            for r in runners:
-                fb = decode(s, rows, seq) if mode == "decode" else draft_extend(s, rows, seq) \
-                    if mode == "extend" else verify(s, rows, seq, random.Random(step))
-                bare = step % 5 == 4  # as SGLang's scheduler serves FlashMLA (needs_cpu_seq_lens = False)
-                if not replayed:
-                    r.backend.init_forward_metadata(without_host_lengths(fb) if bare else fb)
-                    continue
-                v = draft_extend_view(fb, r.bucket(n), r.fill, D) if mode == "extend" else \
-                    decode_view(fb, r.bucket(n), r.fill, D)
-                r.replay(fb, mode, without_host_lengths(v) if bare else v)
+        runners = pairs[mode]
+        serve(s, runners, mode, rows, seq, step, replayed, bare=step % 5 == 4)
         keys = seq if mode == "decode" else [x + D for x in seq]  # verify: the drafts; extend: its window
         _same(runners[0].backend.forward_metadata, runners[1].backend.forward_metadata, keys,
               runners[0].bucket(n) if replayed else n, mode == "extend", f"{mode} step {step} replayed={replayed}")

@@ -23,17 +23,8 @@ import torch
 from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.integrations.sglang.trtllm import CuteDSLMLABackend, TRTLLMMHABackend, TRTLLMMLABackend
 from tests import fake_flashinfer
-from tests.integrations.sglang_server import (
-    ROWS,
-    Runners,
-    Server,
-    decode,
-    decode_view,
-    draft_extend,
-    draft_extend_view,
-    verify,
-    without_host_lengths,
-)
+from tests.integrations.served_pairs import serve, side_by_side
+from tests.integrations.sglang_server import ROWS, Server, decode
 from tests.integrations.test_sglang_serving import lens
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
@@ -104,41 +95,15 @@ def _same(ours, theirs, mla: bool, live: int, P: int, replayed: bool, what: str)
 def test_every_step_equals_sglangs_own_backend(case):
     kind, s, mp = case
     mla, P, rng = kind != "trtllm_mha", s.runner.page_size, random.Random(4)
-    own = s.own(kind)
-    D = s.spec.speculative_num_draft_tokens if s.speculative else 1
+    modes, pairs, D = side_by_side(s, kind)  # an EAGLE target verifies (its drafter decodes); a plain one decodes
     L = s.model_config.context_len
-    target = [Runners(s, s.backend, kind, D), Runners(s, own, kind, D)]
-    with s.active():  # an EAGLE target verifies (its drafter decodes); a plain one decodes
-        for r in target:
-            if s.speculative:
-                r.capture(lambda bs, r=r: verify(s, [0] * bs, [r.fill] * bs, random.Random(bs)), "verify")
-            else:
-                r.capture(lambda bs, r=r: decode(s, [0] * bs, [r.fill] * bs), "decode")
-    modes = ["verify"] if s.speculative else ["decode"]
-    if s.speculative:
-        own_de = s.own_drafters(kind)[1]
-        extenders = [Runners(s, s.draft_extend, kind, D), Runners(s, own_de, kind, D)]
-        with s.active():
-            for r in extenders:
-                r.capture(lambda bs: draft_extend(s, [0] * bs, [1] * bs), "extend")
-        modes.append("extend")
     for step in range(20):
         mode, replayed = modes[step % len(modes)], step % 4 != 3
         n = rng.randint(1, max(s.sizes))
         rows = rng.sample(range(1, ROWS), n)
-        runners = extenders if mode == "extend" else target
+        runners = pairs[mode]
         seq = lens(rng, n, L - 2 * D)
-        with s.active():
-            for r in runners:
-                fb = decode(s, rows, seq) if mode == "decode" else draft_extend(s, rows, seq) \
-                    if mode == "extend" else verify(s, rows, seq, random.Random(step))
-                bare = step % 5 == 4  # as SGLang's scheduler serves these kinds (needs_cpu_seq_lens = False)
-                if not replayed:
-                    r.backend.init_forward_metadata(without_host_lengths(fb) if bare else fb)
-                    continue
-                bs = r.bucket(n)
-                v = draft_extend_view(fb, bs, r.fill, D) if mode == "extend" else decode_view(fb, bs, r.fill, D)
-                r.replay(fb, mode, without_host_lengths(v) if bare else v)
+        serve(s, runners, mode, rows, seq, step, replayed, bare=step % 5 == 4)
         bs = runners[0].bucket(n)
         _same(_meta(runners[0].backend, mla, replayed, bs), _meta(runners[1].backend, mla, replayed, bs), mla, n,
               P, replayed, f"{kind} {mode} step {step} replayed={replayed}")
