@@ -220,6 +220,7 @@ class FlashInferDecodeAdapter:
                         "prefill" if prefill else "decode", bs)
             return None
         site.after_graph(planner)
+        site.host_free = True  # every later step's partition is planned in the graph: no host input read
         return planner
 
     @contextlib.contextmanager

@@ -110,6 +110,7 @@ class FlashInferMLAAdapter:
         st["lean"] = lean_mla_planner(self.fi, w, self.heads, self.ckv, causal)
         if st["lean"] is not None and self.device_plans:
             st["device"] = self._device_planner(site, w, causal, qo_indptr_host, kv_indptr_host, kv_lens_host)
+            site.host_free = st["device"] is not None  # planned in the graph from now on
         return w
 
     def _device_planner(self, site: Site, w, causal: bool, qo_host, kv_host, lens_host):

@@ -148,6 +148,7 @@ class FlashMLAScheduler:
                                                             "num_splits"))
             st["meta"] = (meta, splits)
             site.after_graph(functools.partial(tile_schedule, seqlens, meta, splits))
+            site.host_free = True  # the schedule is computed in the graph; no host input at all
         return st["meta"]
 
 

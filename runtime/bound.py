@@ -37,6 +37,7 @@ class BoundPlan:
     sites: dict[str, Site]  # planner node -> its site
     calls: dict  # planner node -> its planner bound to its site (what out_graph calls)
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
+    engine: object | None = None  # the engine buffers the captured graph reads in place (engine.Engine)
 
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
@@ -53,6 +54,12 @@ class BoundPlan:
                 site = self.sites[s.node]
                 site.reset()
                 self.calls[s.node] = planner_call(planners, site, len(s.inputs))
+
+    @property
+    def host_work(self) -> bool:
+        """Whether a step needs out_graph's host work: values it copies into the graph, or a planner that
+        still reads host data (a planner whose work moved to the device says so: ``Site.host_free``)."""
+        return bool(self.crossing) or any(not s.host_free for s in self.sites.values())
 
     @property
     def mode(self):

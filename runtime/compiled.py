@@ -20,7 +20,10 @@ from .backend import AttentionBackend
 from .bound import BoundPlan, bind
 from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
-from .staging import BatchError, DeviceGuard, not_a_mode
+from .engine import EngineWord, bind_engine
+from .errors import BatchError
+from .guard import DeviceGuard
+from .staging import not_a_mode
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
 
@@ -45,7 +48,9 @@ class CompiledAttentionBackend(AttentionBackend):
         self._current: BoundPlan | None = None
         self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
         self._dirty: dict = {}  # staging region -> rows that may hold live values (the rest hold the fill)
-        self._guard = DeviceGuard(self.device)  # device-only fields' checks, reported one step late (staging.py)
+        self._guard = DeviceGuard(self.device)  # device-only fields' checks, reported one step late (guard.py)
+        self._word = EngineWord(self.device)  # whether a step's graph reads the engine's buffers (engine.py)
+        self._unbacked_logged = False
         for gm, args in compiled.inits.values():  # constants every size shares, written once at max_bs
             gm.forward(*[self.device if a.kind is ArgKind.device else self.buffers.view(a.span) for a in args])
 
@@ -100,9 +105,15 @@ class CompiledAttentionBackend(AttentionBackend):
     def init_forward_metadata_out_graph(self, fb, in_capture: bool = False) -> None:
         bs = fb.batch_size
         try:
+            b = self._bound.get((fb.forward_mode.graph_key, bs))
+        except AttributeError:
+            raise not_a_mode(fb) from None
+        if b is not None and b.engine is not None and not in_capture and not b.host_work and b.engine.backed(fb):
+            self._replay_bound(b)  # a replay on the engine's own buffers: nothing to stage
+            return
+        try:
             actual = getattr(fb, "actual_forward_mode", fb.forward_mode)
             raw = 0 if actual.is_idle() else getattr(fb, "raw_batch_size", bs)
-            b = self._bound.get((fb.forward_mode.graph_key, bs))
         except AttributeError:
             raise not_a_mode(fb) from None
         if b is None:
@@ -120,10 +131,37 @@ class CompiledAttentionBackend(AttentionBackend):
         b.run_out_graph()
         if in_capture:
             b.capture = capture_record(b)
-        elif b.capture is not None and self.check_addresses:
-            check_replay(b, self._pools)
+            b.engine = bind_engine(b, fb, self.device, self._word, self._guard)
+            self._word.set(1 if b.engine is not None else 0)
+        else:
+            if b.capture is not None and self.check_addresses:
+                check_replay(b, self._pools)
+            if b.engine is not None:  # a graph bound to the engine's buffers reads what was staged this step
+                self._word.set(0)
+                if not self._unbacked_logged and not b.engine.backed(fb):
+                    log.info("a %s batch of %d rows is not the engine buffers its graph was captured on: staged "
+                             "(correct, with host work per step)", fb.forward_mode.name.lower(), bs)
+                    self._unbacked_logged = True
         self._current = b
         self.forward_metadata = b.meta
+
+    def _replay_bound(self, b: BoundPlan) -> None:
+        """A step whose view is the engine buffers ``b``'s graph was captured on, with no planner that reads host
+        data: what an earlier step's device checks found is raised; nothing else runs."""
+        if self._guard.host_np[0]:
+            self._guard.raise_pending()
+        self._word.set(1)
+        self._current = b
+        self.forward_metadata = b.meta
+
+    def replay_bound(self, b: BoundPlan) -> bool:
+        """For an engine adapter that checked its own batch against ``b.engine`` (``engine.checker`` over its
+        field paths): the replayed step's whole out_graph, if ``b`` needs no host work; else False, and the
+        adapter takes the ordinary path."""
+        if b.engine is None or b.host_work:
+            return False
+        self._replay_bound(b)
+        return True
 
     def set_stream(self, stream) -> None:
         """Staging records its hazard event on the stream that was current at the first step; an engine
@@ -134,7 +172,10 @@ class CompiledAttentionBackend(AttentionBackend):
         b = self._current
         if b is None or b.bs != getattr(fb, "batch_size", None):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
-        b.stager.apply_guards()  # the device-only fields' checks, recorded with the kernels
+        bound = b.engine is not None
+        b.stager.apply_guards(self._word.tensor if bound else None)  # device-only fields' checks, recorded
+        if bound:
+            b.engine.ingest()  # the engine's buffers, read in place (on the steps that handed them)
         b.in_fn(*b.in_args)
         for fn in b.after_in:  # planners' device work (FlashInfer's partition, its mask packing)
             fn()

@@ -42,6 +42,9 @@ class Site:
     fields: Mapping[str, torch.Tensor]  # role (from the spec's binds) -> the field's static buffer
     hooks: list[Callable[[], None]]  # run after the metadata graph, recorded with it
     state: dict = attrs.Factory(dict)  # the planner's own: its wrapper, its plan, ...
+    # set by a planner that no longer reads its host inputs (its work is in the graph now): a replay on an
+    # engine's buffers then skips out_graph altogether
+    host_free: bool = False
     _added: list = attrs.Factory(list)  # the hooks this site added (a new planner takes them out)
 
     @classmethod
@@ -70,6 +73,7 @@ class Site:
             self.hooks.remove(fn)
         self._added.clear()
         self.state.clear()
+        self.host_free = False
 
 
 def make_site(s, mode: ForwardMode, bs: int, backend, views: Callable, hooks: list) -> Site:

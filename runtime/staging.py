@@ -12,17 +12,10 @@ a step moves, a torch op's dispatch costs more than the copy.
 Fields the batch only has on the device (a DSV4 ``out_cache_loc``; ``req_pool_indices`` when the
 engine keeps no ``req_pool_indices_cpu``, as SGLang never does; ``seq_lens`` when SGLang's EAGLE
 drafter runs without host mirrors) cannot be checked by the host without a sync, so they are guarded
-on the device (``DeviceGuard``): out_graph copies the live values, in their own dtype, into a device
+on the device (runtime/guard.py): out_graph copies the live values, in their own dtype, into a device
 buffer of the plan (one device->device copy after the packed copy, same stream, so ordered), and
-in_graph, recorded with the metadata kernels, checks and narrows them into the graph's buffer: a value
-outside its range is replaced by a safe one (a row or a slot by 0, the reserved one; a length by its
-nearest bound) so no kernel reads outside its tables, and the first such value (field, row, value)
-stays in a device flag, which the next step's out_graph copies to pinned memory behind the graph. The
-step after reads that word without a sync and raises a ``BatchError`` naming the field, row and value:
-late, never silent, and a replayed step pays two copies for it instead of the dozen ops (each a host
-launch, 10-20 us on the H200's host) that checking outside the graph costs.
-``ATTNMETA_SYNC_CHECKS=1`` checks in out_graph instead and waits for the flag within the step (a
-debugging mode: it syncs every step that has device-only fields).
+in_graph, recorded with the metadata kernels, checks and narrows them into the graph's buffer and
+writes the first bad value into a record the host reads in place; the next step raises it.
 
 Hazard: the pinned staging buffer is read by an asynchronous copy. Writing it again before that
 copy has run corrupts the previous step's inputs (seen in engines that plan back to back), so
@@ -34,24 +27,18 @@ costs more than the copy); an engine that stages on another stream calls ``set_s
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 import torch
 
-from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.lowering.binding import Kind, Slot
 
+from .errors import BatchError
+from .guard import DeviceGuard
 from .stagegen import generate
 
 _INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
-
-
-class BatchError(UserError):
-    """A batch this backend cannot serve as given: names the field, the row, the value and the limit."""
-
-    rule = "batch"
 
 
 def not_a_mode(fb) -> BatchError:
@@ -153,86 +140,6 @@ class _Staged:
         self.dirty[0] = live
 
 
-SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, staged as the fill
-
-
-class DeviceGuard:
-    """Range checks of device-only fields without a host sync. ``feed`` (out_graph) copies a field's
-    live values into the slot's device buffer; ``apply`` (in_graph, recorded when captured) replaces
-    values outside the field's range (rows and slots by 0, lengths by the nearest bound), writes the
-    graph's buffer and keeps the first bad value (field, row, value) in a flag that stays set until it
-    is reported; ``fetch`` (the next out_graph) copies the flag to pinned memory, and ``raise_pending``
-    reports it as a ``BatchError`` at a later step (or in this one with ``ATTNMETA_SYNC_CHECKS=1``)."""
-
-    def __init__(self, device: torch.device):
-        pin = device.type == "cuda"
-        self.device = device
-        self.flag = torch.zeros(4, dtype=torch.int64, device=device)  # set, field index, row, value
-        self.host = torch.zeros(4, dtype=torch.int64, pin_memory=pin)
-        self.host_np = self.host.numpy()  # read without a torch op: the generated staging checks it
-        self.names: list[str] = []
-        self.used = False  # a field was fed: every step fetches the flag
-        self.sync = os.environ.get("ATTNMETA_SYNC_CHECKS") == "1"
-
-    def feed(self, s: _Staged, src: torch.Tensor, live: int, total: int, name: str, capture: bool) -> tuple:
-        """``src``'s ``live`` values (any integer dtype) into ``s``'s guarded buffer, rows past them the
-        sentinel; a capture batch's rows (the engine's dummy ones) are not checked: all sentinel."""
-        raw = s.raw
-        if raw is None:  # the slot's first step: its buffer, and its name in the flag
-            raw = s.raw = torch.full((s.dev.numel(),), SENTINEL, dtype=torch.int64, device=self.device)
-            if name not in self.names:
-                self.names.append(name)
-            s.field = self.names.index(name)
-        if capture:
-            live = 0
-        if live:
-            raw[:live].copy_(src, non_blocking=True)
-        if s.raw_top > live:  # rows a larger step left
-            raw[live:s.raw_top].fill_(SENTINEL)
-        s.raw_top = live
-        self.used = True
-        return s, total, s.field
-
-    def apply(self, entries: list[tuple]) -> None:
-        """Check and narrow the fed values into the graph's buffers (device work, recorded in a graph
-        when captured); the flag reaches the host by ``fetch``."""
-        for s, total, field in entries:
-            if not total:
-                continue
-            r = s.raw[:total]
-            row_like = s.slot.kind is not Kind.length
-            lo = 1 if s.slot.kind is Kind.row else s.lo
-            pad = r == SENTINEL
-            bad = ((r < lo) | (r > s.hi)) & ~pad
-            first = torch.argmax(bad.to(torch.int32), dim=0, keepdim=True)  # indexing by a tensor: no host read
-            record = torch.cat([bad.any().view(1).to(torch.int64), torch.full_like(first, field), first,
-                                r.index_select(0, first)])
-            self.flag.copy_(torch.where(self.flag[0].bool(), self.flag, record))  # the first bad value stays
-            safe = torch.zeros_like(r) if row_like else r.clamp(lo, s.hi)
-            s.dev[:total].copy_(torch.where(pad, torch.full_like(r, s.fill), torch.where(bad, safe, r)))
-
-    def fetch(self) -> None:
-        """Queue the flag's copy home, behind the work already on the stream (the last step's graph).
-        Out of the graph on purpose: a copy into pinned memory recorded in a CUDA graph leaves torch's
-        pinned-memory allocator an event it cannot query later, and its next pinned allocation fails."""
-        self.host.copy_(self.flag, non_blocking=True)
-
-    def raise_pending(self, when: str = "an earlier step") -> None:
-        """Raise what a step flagged, if its flag has reached the host. An error path: it waits for the
-        device so that no step still in flight copies the reported flag home again."""
-        if not self.host_np[0]:
-            return
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        _, field, row, value = (int(v) for v in self.host_np)
-        self.flag.zero_()
-        self.host_np[:] = 0
-        raise BatchError(f"{when} staged {self.names[field]}[{row}] = {value} from the device, outside its range: "
-                         "the value was replaced on the device (no kernel read outside its tables) and that step's "
-                         f"metadata is wrong for this row; pass the host mirror of {self.names[field]} to have bad "
-                         "values refused before the step, or fix the engine's batch")
-
-
 class Stager:
     """The staging of one plan: its slots, and the packed copy of its mode's staging bytes.
     ``fast`` is the plan's generated straight-line staging (runtime/stagegen.py), which takes the
@@ -303,11 +210,8 @@ class Stager:
                 self.guarded.append(g.feed(s, src, live, total, name, capture))
         if g.sync and self.guarded:  # the debugging mode: checked now, reported within the step
             g.apply(self.guarded)
-            g.fetch()
             self.guarded = []
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            g.raise_pending("this step")
+            g.check_now()
             return
         if capture:
             self.recorded, self._recorded_ids = list(self.guarded), frozenset(id(e[0]) for e in self.guarded)
@@ -317,22 +221,19 @@ class Stager:
                 if id(s) not in fed:
                     live = raw * s.per_row
                     g.feed(s, s.dev[:live], live, total, g.names[field], False)
-        if g.used:
-            g.fetch()  # what the steps before this one flagged; the event recorded next covers the copy
 
     def guard_fast(self, late: list, raw: int, capture: bool) -> None:
         """The generated path's device guard: ``_guard_device_fields`` whenever it has work (fields fed this
-        step, a capture to record even with none, the last step's to drop, a captured graph's to feed, a
-        flag to fetch); an eager plan whose fields all came from the host, none fed before, skips it."""
-        if late or capture or self.guarded or self.recorded or self.guard.used:
+        step, a capture to record even with none, the last step's to drop, a captured graph's to feed); an
+        eager plan whose fields all came from the host, none fed before, skips it."""
+        if late or capture or self.guarded or self.recorded:
             self._guard_device_fields(late, raw, capture)
 
-    def apply_guards(self) -> None:
-        """in_graph's part of the device checks (recorded with the metadata kernels when captured)."""
+    def apply_guards(self, word: torch.Tensor | None = None) -> None:
+        """in_graph's part of the device checks (recorded with the metadata kernels when captured); with
+        ``word``, the plan's graph is bound to an engine's buffers and checks these only on staged steps."""
         if self.guarded:
-            self.guard.apply(self.guarded)
-            if self.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
-                self.guard.fetch()  # an eager step: its flag goes home now (a captured one's at the next step)
+            self.guard.apply(self.guarded, word)
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):

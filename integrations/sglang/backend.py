@@ -75,6 +75,9 @@ class TritonBackend(CompiledModes, _SGLangTriton):
         if v.forward_mode.is_target_verify():
             meta.custom_mask = verify_mask(self, v, in_capture)
 
+    def _replay_requires(self, v):
+        return mask_in_place(v, getattr(self, "verify_mask", None))
+
 
 def device_planned(planner: str) -> bool:
     """Compile FlashInfer specs without host indptrs (``plan_on_device``) where the installed FlashInfer's
@@ -140,6 +143,14 @@ def verify_mask(backend, v, in_capture: bool):
     return copy_mask(src, vm.buffer)
 
 
+def mask_in_place(v, vm) -> tuple | None:
+    """A verify replay with nothing to do needs the drafter's mask written in place into ``vm``'s buffer (as
+    SGLang's EAGLE worker writes it when the backend owns one); other modes need nothing more."""
+    if not v.forward_mode.is_target_verify():
+        return ()
+    return None if vm is None else (("v.spec_info.custom_mask", vm.buffer.data_ptr()),)
+
+
 def copy_mask(src, buf):
     """The drafter's mask into the static buffer a captured kernel (or a planner) reads, as SGLang copies
     it into its own; nothing to copy where the drafter wrote the buffer in place."""
@@ -185,6 +196,33 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
                    "a dequantizing (FP4) KV cache"),
                   (self.enable_deterministic, "deterministic inference (fixed split sizes)"))
         return [name for bad, name in checks if bad]
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        self._verify_mask = self._own_verify_mask()
+
+    def _own_verify_mask(self):
+        """SGLang's ``VerifyMask`` over the verify plans' mask field: SGLang's EAGLE worker then writes the tree
+        mask straight into the buffer the compiled graph reads (SGLang's own FlashInfer backend has none, so
+        its worker allocates a mask each round and the backend copies it)."""
+        from attnmeta.compiler.modes import ForwardMode
+
+        verifies = ForwardMode.TARGET_VERIFY in self.attnmeta.compiled.generic
+        if getattr(self, "is_draft_runner", False) or self.skip_prefill or not verifies:
+            return None
+        from sglang.srt.layers.attention.verify_mask import VerifyMask
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+        n = self.attnmeta.max_bs
+        buf = self.attnmeta.bound(ForwardMode.TARGET_VERIFY, n).field("custom_mask")
+        return VerifyMask(buffer=buf.view(-1), mode=TreeMaskMode.FULL_MASK, max_bs=n, is_read=True)
+
+    @property
+    def verify_mask(self):
+        return getattr(self, "_verify_mask", None)
+
+    def _replay_requires(self, v):
+        return mask_in_place(v, self.verify_mask)
 
     def _before_staging(self, v, in_capture: bool) -> None:
         if v.forward_mode.is_target_verify():  # FlashInfer's plan() (and the device packer) read the bound mask

@@ -55,6 +55,13 @@ def _padding(fb: Any, mode: ForwardMode, bs: int, width: int) -> int:
     return padding
 
 
+# How a field of the view is read off SGLang's own batch where it is not an attribute of the same name
+# (draft extend V2 keeps its lengths on spec_info), for the replay check of runtime/engine.py.
+ENGINE_PATHS = {"extend_seq_lens": "EXTEND(v)"}
+ENGINE_HELPERS = {"EXTEND": lambda fb: _first(getattr(fb, "extend_seq_lens", None),
+                                              getattr(fb.spec_info, "extend_seq_lens_tensor", None))}
+
+
 class BatchView:
     """One SGLang batch under attnmeta's field names. One view per backend, refilled every step
     (a step allocates nothing); ``forward_mode`` is the graph's mode, ``actual_forward_mode`` the

@@ -23,8 +23,9 @@ import logging
 
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
+from attnmeta.runtime.engine import checker
 
-from .batch import MODES, BatchView
+from .batch import ENGINE_HELPERS, ENGINE_PATHS, MODES, BatchView
 
 log = logging.getLogger("attnmeta.runtime")
 
@@ -73,6 +74,8 @@ class CompiledModes:
         self._view = BatchView(wanted.num_draft_tokens)  # draft extend: how many query rows a request has
         self._ours = None  # the batch whose metadata attnmeta staged last (in_graph must follow it)
         self._shaped: dict[tuple, tuple] = {}  # (mode, bs) -> (bound fields, SGLang's metadata object)
+        # (SGLang's mode, bs) -> a captured graph's replay on SGLang's own buffers: (check, plan, mode, shaped)
+        self._replays: dict[tuple, tuple] = {}
         self._too_big_logged = False
 
     sglang_name = ""  # SGLang's own --attention-backend name of this kind
@@ -101,6 +104,7 @@ class CompiledModes:
                                f"compiled for max_bs={self.attnmeta.max_bs}; compile with max_bs >= {max_bs}")
         super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
         self._shaped.clear()  # SGLang's scratch buffers the metadata objects hold were just made
+        self._replays.clear()
 
     def glue_target_verify_metadata(self) -> str:
         return "attnmeta plans this metadata"  # SGLang's metadata glue graph stays off
@@ -117,6 +121,13 @@ class CompiledModes:
         self.init_forward_metadata_in_graph(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if not in_capture:  # a replay on the buffers SGLang's runner captured on: nothing to stage or copy
+            r = self._replays.get((forward_batch.forward_mode, forward_batch.batch_size))
+            if r is not None and r[0](forward_batch) and self.attnmeta.replay_bound(r[1]):
+                self._view.batch_size, self._view.forward_mode = forward_batch.batch_size, r[2]
+                self._publish(r[3])
+                self._ours = forward_batch
+                return
         if not self._serves(forward_batch):
             self._ours = None
             return super().init_forward_metadata_out_graph(forward_batch, in_capture)
@@ -130,6 +141,25 @@ class CompiledModes:
         self._per_step(hit[1], m, v, in_capture)
         self._publish(hit[1])
         self._ours = forward_batch
+        if in_capture:
+            self._remember_replay(forward_batch, v, hit[1])
+
+    def _remember_replay(self, fb, v: BatchView, shaped) -> None:
+        """At capture: if the graph reads SGLang's buffers in place (runtime/engine.py), a later step on the
+        same buffers (and the same per-step objects the kind requires) is a replay with nothing to do."""
+        b = self.attnmeta.bound(v.forward_mode, v.batch_size)
+        key = (fb.forward_mode, fb.batch_size)
+        extra = self._replay_requires(v)
+        if b.engine is None or extra is None:
+            self._replays.pop(key, None)
+            return
+        check = checker(b.engine.inputs, ENGINE_PATHS, extra, ENGINE_HELPERS)
+        self._replays[key] = (check, b, v.forward_mode, shaped)
+
+    def _replay_requires(self, v: BatchView) -> tuple | None:
+        """What else a replay with nothing to do requires of the batch, as (expression over the batch ``v``,
+        data pointer) pairs; None when this mode always has per-step work."""
+        return ()
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         if self._ours is None:

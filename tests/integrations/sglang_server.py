@@ -332,15 +332,33 @@ class Runners:
         """As SGLang's runners replay: the batch's rows and lengths copied into the buffers the graph was
         captured on (a kernel recorded in in_graph reads those), and the view handed out_graph points at
         them."""
+        self.prepare(mode_key, view)
+        with self.server.active():
+            self.backend.init_forward_metadata_out_graph(view)
+            self.graphs[(mode_key, view.batch_size)].replay()
+
+    def prepare(self, mode_key, view) -> None:
+        """The runner's copies before out_graph: the rows and lengths into the captured buffers (the view then
+        points at them), draft extend's per-request lengths into the captured ones, and, as SGLang's EAGLE
+        worker does when the target backend owns a verify mask buffer (``verify_mask``), the tree mask
+        written into that buffer."""
         static = self.static[(mode_key, view.batch_size)]
         for f in ("seq_lens", "req_pool_indices"):
             src, dst = getattr(view, f, None), getattr(static, f, None)
             if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.shape == dst.shape:
                 dst.copy_(src)
                 setattr(view, f, dst)
-        with self.server.active():
-            self.backend.init_forward_metadata_out_graph(view)
-            self.graphs[(mode_key, view.batch_size)].replay()
+        spec = getattr(view, "spec_info", None)
+        src, dst = getattr(spec, "extend_seq_lens_tensor", None), getattr(static, "extend_seq_lens", None)
+        if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.shape == dst.shape:
+            dst.copy_(src)
+            spec.extend_seq_lens_tensor = dst
+        vm = getattr(self.backend, "verify_mask", None)
+        mask = getattr(spec, "custom_mask", None)
+        if view.forward_mode.name == "TARGET_VERIFY" and vm is not None and isinstance(mask, torch.Tensor) and \
+                mask.data_ptr() != vm.buffer.data_ptr() and mask.numel() <= vm.buffer.numel():
+            vm.buffer[: mask.numel()].copy_(mask.view(-1))
+            spec.custom_mask = vm.buffer
 
 
 def rows_read(ours, theirs, f: str, live: int):

@@ -12,7 +12,7 @@ from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.ir.parser import ParseError
 from attnmeta.compiler.lowering.binding import Kind as SlotKind
 from attnmeta.runtime import BatchError, ForwardBatch
-from attnmeta.runtime.staging import DeviceGuard
+from attnmeta.runtime.guard import DeviceGuard
 from attnmeta.sim import DecodeModel, GraphRunner
 from tests.batches import make_pool
 
@@ -109,7 +109,7 @@ def test_a_bad_escape_in_ir_text_is_a_parse_error():
 
 
 class _Slot:  # what the guard reads of a staged slot: its range, fill, device buffer and guarded copy
-    full_range, lo, hi, fill, raw, raw_top = False, 0, 10, 1, None, 0
+    full_range, lo, hi, fill, raw, raw_top, field = False, 0, 10, 1, None, 0, -1
     slot = type("S", (), {"kind": SlotKind.length})()
 
     def __init__(self, n: int):
@@ -121,15 +121,14 @@ def test_device_only_values_are_guarded_and_reported_at_a_later_step():
     length by its nearest bound), rows past the live ones get the fill, and a later step raises a
     BatchError naming field, row and value, once."""
     guard, s = DeviceGuard(torch.device("cpu")), _Slot(4)
+    guard.raise_pending()  # a fresh record holds nothing (it is zeroed when made)
     guard.apply([guard.feed(s, torch.tensor([4, 99, -2], dtype=torch.int64), 3, 4, "seq_lens", capture=False)])
-    guard.raise_pending()  # not home yet: the next step's out_graph fetches the flag
-    guard.fetch()
     assert s.dev.tolist() == [4, 10, 0, 1]  # nothing outside the range reaches a kernel; row 3 is padding
+    assert guard.flag.tolist() == [1, 0, 1, 99]  # the first bad row, written by the check itself: no copy home
     with pytest.raises(BatchError, match=r"an earlier step staged seq_lens\[1\] = 99 from the device"):
         guard.raise_pending()
     guard.raise_pending()  # reported once
     guard.apply([guard.feed(s, torch.tensor([1, 2]), 2, 4, "seq_lens", capture=False)])
-    guard.fetch()
     guard.raise_pending()  # a good step reports nothing
     assert s.dev.tolist() == [1, 2, 1, 1]  # the rows a larger step left are padding again
 
@@ -144,17 +143,14 @@ def test_the_device_check_is_recorded_with_the_graph_and_replays_on_new_values()
     g = EmulatedGraph()
     with g.capture():
         guard.apply(entries)
-    guard.fetch()
     guard.raise_pending()  # the capture batch was not checked
     guard.feed(s, torch.tensor([5, 6]), 2, 3, "seq_lens", capture=False)
     g.replay()
-    guard.fetch()
     guard.raise_pending()
     assert s.dev.tolist() == [5, 6, 1]
     guard.feed(s, torch.tensor([7, 70, 8]), 3, 3, "seq_lens", capture=False)
     g.replay()
     assert s.dev.tolist() == [7, 10, 8]
-    guard.fetch()
     with pytest.raises(BatchError, match=r"seq_lens\[1\] = 70"):
         guard.raise_pending()
 

@@ -1,0 +1,109 @@
+"""A captured plan bound to the engine's own graph buffers: zero host work per replayed step.
+
+An engine's graph runner copies every live batch into static buffers whose addresses its capture
+saw (SGLang's ``CudaGraphBufferRegistry``: ``req_pool_indices``, ``seq_lens``, ``out_cache_loc``,
+draft-extend lengths), padding the rows past the live ones with safe values, and hands the backend
+a view of them. Staging those values again into attnmeta's own buffers every step is host work for
+nothing. So when the batch a plan is captured on carries such buffers (every field the graph reads
+from the batch is an integer tensor on the backend's device), the capture binds them: the recorded
+in_graph ingests them in place (``guard.ingest``: range-checked, narrowed into the buffers the fused
+kernel reads), and a later step whose view has the same buffers (data pointer and length: attribute
+reads, no tensor op) is served by ``Engine.backed`` alone, plus the host planners that still need
+host data. Nothing is copied, nothing is allocated, no aten op runs.
+
+A view of other tensors (an eager step, another engine) takes the staging path, correct and slower.
+One device word says which path fed the step: the ingest of a bound graph runs only when it is set,
+the staged device-only fields' guard only when it is clear, so a replay after a staged step reads
+what was staged. The word is written (one stream-ordered fill) only when the path changes.
+
+The padding rows are the engine's: a bound graph reads what the engine padded with, which is the
+spec's fill when the engine asks the backend for it (SGLang's ``get_cuda_graph_seq_len_fill_value``).
+Its checks are the device's: a bad value is replaced and reported at the next step (runtime/guard.py);
+a pool row of 0 passes there, as the engine's padding rows hold it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import torch
+
+from .guard import ingest, safe_range
+
+log = logging.getLogger("attnmeta.runtime")
+_INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
+
+
+@attrs.define(eq=False)
+class Input:
+    """One engine buffer a bound graph reads: the batch attribute, its first ``n`` values, the slot."""
+
+    name: str
+    tensor: torch.Tensor
+    n: int
+    slot: object  # the plan's staged slot (runtime/staging.py _Staged): its device buffer, range, record index
+    field: int
+
+
+class Engine:
+    """The engine buffers one captured plan reads in place, and the check that a view is backed by them."""
+
+    def __init__(self, inputs: list[Input], word: EngineWord, guard):
+        self.inputs, self.word, self.guard = inputs, word, guard
+        self.backed = checker(inputs)
+
+    def ingest(self) -> None:
+        """in_graph: the engine's values into the graph's buffers, when the step's view was the engine's."""
+        for e in self.inputs:
+            lo, hi, clamp = safe_range(e.slot, bound=True)
+            ingest(e.tensor, e.slot.dev, e.n, lo, hi, clamp=clamp, flag=self.guard.flag, field=e.field,
+                   word=self.word.tensor, when=1)
+
+
+class EngineWord:
+    """The device word that says whether this step's graph reads the engine's buffers (1) or what out_graph
+    staged (0), with its host mirror: written only when it changes."""
+
+    def __init__(self, device: torch.device):
+        self.tensor = torch.zeros(1, dtype=torch.int32, device=device)
+        self.value = 0
+
+    def set(self, v: int) -> None:
+        if self.value != v:
+            self.tensor.fill_(v)
+            self.value = v
+
+
+def bind_engine(b, fb, device: torch.device, word: EngineWord, guard) -> Engine | None:
+    """At capture: the engine buffers ``fb`` hands every slot the graph reads on the device, or None when one
+    is not such a buffer (a host tensor, another device, too short) or a slot is read on the host only."""
+    inputs = []
+    for s in b.stager.slots:
+        if s.dev is None:  # read on the host (a planner's input): nothing to bind
+            return None
+        name = s.device_field or s.source
+        t = getattr(fb, name, None)
+        n = b.bs * s.per_row
+        if not isinstance(t, torch.Tensor) or t.device != device or t.dtype not in _INTS or t.dim() != 1 \
+                or not t.is_contiguous() or t.shape[0] < n:
+            return None
+        inputs.append(Input(name, t[:n], n, s, guard.field(name)))
+    return Engine(inputs, word, guard) if inputs else None
+
+
+def checker(inputs: list[Input], paths: dict[str, str] | None = None, extra: tuple = (), helpers: dict | None = None):
+    """``backed(view)``: whether ``view`` hands the captured buffers, generated straight-line (a step pays a
+    few attribute reads). ``paths`` reads an input another way than ``v.<name>`` (an engine's own batch,
+    whose fields sit elsewhere); ``extra`` adds (expression, data pointer) pairs a caller also requires."""
+    ns, cond = dict(helpers or {}), []
+    for i, e in enumerate(inputs):
+        ns[f"P{i}"] = e.tensor.data_ptr()
+        cond.append(f"(t := {(paths or {}).get(e.name, 'v.' + e.name)}).data_ptr() == P{i} and t.shape[0] >= {e.n}")
+    for i, (expr, ptr) in enumerate(extra):
+        ns[f"X{i}"] = ptr
+        cond.append(f"{expr}.data_ptr() == X{i}")
+    src = ("def backed(v):\n    try:\n        return " + " and ".join(cond) +
+           "\n    except (AttributeError, IndexError, TypeError):\n        return False\n")
+    exec(compile(src, "<attnmeta engine check>", "exec"), ns)  # noqa: S102
+    return ns["backed"]
