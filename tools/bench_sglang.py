@@ -99,8 +99,9 @@ class Side:
 
     def step(self, prep) -> float:
         g = self.runner.graphs[(self.mode, prep.bs)]
+        make = load(self.runner, self.mode, prep)  # the runner's copies into its buffers: before the clock
         t0 = time.perf_counter()
-        view = prep.view() if prep.view else prep.fixed_view
+        view = make()
         self.backend.init_forward_metadata_out_graph(view)
         g.replay()
         return time.perf_counter() - t0
@@ -162,9 +163,40 @@ def flashmla_read(md, mode: str, prep) -> dict:
     return out
 
 
+def load(runner, mode: str, prep):
+    """What SGLang's graph runner does before it calls the backend: the batch copied into the buffers the
+    graph was captured on (rows, lengths and their host mirror, draft extend's lengths; the tree mask into
+    the backend's verify buffer where it owns one, as EAGLE's worker writes it). Returns the step's view
+    maker: SGLang's own ``build_replay_fb_view`` over those buffers (decode, verify), or the draft-extend
+    runner's view."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+
+    if prep.view is None:
+        v = draft_extend_view(prep.fb, prep.bs, runner.fill, runner.width)
+        runner.prepare(mode, v)
+        return lambda: v
+    static = runner.static[(mode, prep.bs)]
+    static.seq_lens.copy_(prep.seq)
+    static.req_pool_indices.copy_(prep.rows)
+    cpu = static.seq_lens_cpu
+    cpu.copy_(prep.seq_cpu)
+    if prep.mask is not None:  # the drafter's mask of this step (another side's runner may have re-pointed it)
+        prep.fb.spec_info.custom_mask = prep.mask
+    probe = SimpleNamespace(forward_mode=prep.fb.forward_mode, batch_size=prep.bs, spec_info=prep.fb.spec_info)
+    runner.prepare(mode, probe)  # the tree mask (seq_lens and rows are already in place)
+    bufs = SimpleNamespace(input_ids=prep.bufs.input_ids, positions=prep.bufs.positions,
+                           req_pool_indices=static.req_pool_indices, seq_lens=static.seq_lens, seq_lens_cpu=cpu,
+                           encoder_lens=None, mamba_track_indices=None)
+    bs, w = prep.bs, runner.width
+    return lambda: build_replay_fb_view(prep.fb, bufs, bs, bs, bs * w, None, runner.fill, prep.sglang_mode, False)
+
+
 def core_step(backend, runner, mode, prep) -> float:
     """attnmeta's compiled backend alone: its out_graph on the filled view, the same replay."""
-    g, v = runner.graphs[(mode, prep.bs)], prep.filled
+    from attnmeta.integrations.sglang.batch import BatchView
+
+    g = runner.graphs[(mode, prep.bs)]
+    v = BatchView(runner.width if mode == "extend" else 0).fill(load(runner, mode, prep)())
     t0 = time.perf_counter()
     backend.attnmeta.init_forward_metadata_out_graph(v)
     g.replay()
@@ -174,9 +206,6 @@ def core_step(backend, runner, mode, prep) -> float:
 def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: random.Random) -> list:
     """``n`` batches of ``bs`` live rows, with the runner's padded buffers and the view built per step."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
-
-    from attnmeta.integrations.sglang.batch import BatchView
 
     out = []
     for i in range(n):
@@ -185,18 +214,16 @@ def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: r
         p = SimpleNamespace(bs=bs, live=bs, view=None, fixed_view=None)
         if mode == "extend":
             p.fb = draft_extend(s, rows, seq)
-            p.fixed_view, p.sglang_mode = draft_extend_view(p.fb, bs, fill, width), p.fb.forward_mode
+            p.sglang_mode = p.fb.forward_mode
         else:
             p.fb = decode(s, rows, seq) if mode == "decode" else verify(s, rows, seq, random.Random(i))
             p.sglang_mode = ForwardMode.DECODE if mode == "decode" else ForwardMode.TARGET_VERIFY
-            sq, rw, raw = padded(p.fb, bs, fill)
-            dev = sq.device
-            bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64, device=dev),
-                                   positions=torch.zeros(bs * width, device=dev), req_pool_indices=rw, seq_lens=sq,
-                                   seq_lens_cpu=sq.cpu(), encoder_lens=None, mamba_track_indices=None)
-            p.view = (lambda fb=p.fb, b=bufs, m=p.sglang_mode:
-                      build_replay_fb_view(fb, b, bs, bs, bs * width, None, fill, m, False))
-        p.filled = BatchView(width if mode == "extend" else 0).fill(p.view() if p.view else p.fixed_view)
+            p.mask = getattr(p.fb.spec_info, "custom_mask", None)
+            p.seq, p.rows, raw = padded(p.fb, bs, fill)
+            p.seq_cpu, dev = p.seq.cpu(), p.seq.device
+            p.bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64, device=dev),
+                                     positions=torch.zeros(bs * width, device=dev))
+            p.view = True  # built per step over the runner's buffers (load)
         out.append(p)
     return out
 

@@ -1,0 +1,47 @@
+"""SGLang's capture sequence (tests/runtime/capture_sequence.py) on the emulated graph: the first replay after
+it raises nothing (every record the device check reads is written before it is read), each replay on the
+runner's buffers runs no host work and reads the live batch, and a bad value in those buffers is replaced on
+the device and raised by the next step."""
+
+import pytest
+
+from attnmeta.runtime import BatchError
+from tests.runtime.capture_sequence import ROWS, capture_like_sglang, serve_replayed
+
+
+@pytest.mark.parametrize("name", ["triton", "flashinfer"])
+def test_replays_after_sglangs_capture_sequence_are_right_and_raise_nothing(name):
+    serve_replayed(name, "cpu")
+
+
+def test_a_bad_row_in_the_engines_buffers_is_raised_by_the_next_step():
+    be, reg, graphs, pool, _ = capture_like_sglang("triton", "cpu")
+    be.init_forward_metadata_out_graph(reg.load([3, ROWS + 5], [10, 12], 2))
+    graphs[2].replay()  # the row past the pool reads row 0 (reserved) on the device; nothing raised yet
+    assert be.forward_metadata.kv_indices[10:22].tolist() == pool[0, :12].tolist()
+    with pytest.raises(BatchError, match=rf"req_pool_indices\[1\] = {ROWS + 5} from the device"):
+        be.init_forward_metadata_out_graph(reg.load([3, 4], [10, 12], 2))
+    be.init_forward_metadata_out_graph(reg.load([3, 4], [10, 12], 2))  # reported once; the next step serves
+    graphs[2].replay()
+    assert be.forward_metadata.kv_indices[10:22].tolist() == pool[4, :12].tolist()
+
+
+def test_a_length_past_the_context_in_the_engines_buffers_is_clamped_and_raised_next():
+    be, reg, graphs, pool, opts = capture_like_sglang("triton", "cpu")
+    be.init_forward_metadata_out_graph(reg.load([3], [opts.max_context_len + 50], 1))
+    graphs[1].replay()
+    assert int(be.forward_metadata.kv_indptr[1]) <= opts.max_context_len
+    with pytest.raises(BatchError, match=r"seq_lens\[0\] = 306 from the device"):
+        be.init_forward_metadata_out_graph(reg.load([3], [5], 1))
+
+
+def test_no_aten_op_on_a_replayed_step():
+    from torch.profiler import ProfilerActivity, profile
+
+    be, reg, graphs, _, _ = capture_like_sglang("triton", "cpu")
+    v = reg.load([3, 4, 5], [7, 8, 9], 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        be.init_forward_metadata_out_graph(v)
+    assert [e.name for e in prof.events() if e.name.startswith("aten::")] == []
+    graphs[4].replay()
+    assert be.forward_metadata.kv_indptr[:4].tolist() == [0, 7, 15, 24]
