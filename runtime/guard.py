@@ -37,7 +37,7 @@ SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, 
 BLOCK = 256
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "lo", "hi", "fill", "field"])  # a 1 would become a constant
 def _ingest_kernel(src, dst, n, lo, hi, fill, sentinel, flag, field, word,
                    CLAMP: tl.constexpr, PADDED: tl.constexpr, GATED: tl.constexpr, WHEN: tl.constexpr,
                    BLOCK: tl.constexpr):
@@ -48,7 +48,7 @@ def _ingest_kernel(src, dst, n, lo, hi, fill, sentinel, flag, field, word,
     if GATED:  # on a graph bound to an engine's buffers: only on the steps fed the way WHEN says
         go = (tl.load(word) == WHEN).to(tl.int32)
     if go != 0:
-        first = n
+        first = n + 0 * tl.program_id(0)  # a tensor from the start: it is carried through the loop
         for start in range(0, n, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             m = offs < n
@@ -64,7 +64,7 @@ def _ingest_kernel(src, dst, n, lo, hi, fill, sentinel, flag, field, word,
             first = tl.minimum(first, tl.min(tl.where(bad, offs, n), axis=0))
         if first < n:
             if tl.load(flag) == 0:
-                tl.store(flag + 1, field.to(tl.int64))
+                tl.store(flag + 1, field + 0 * first.to(tl.int64))
                 tl.store(flag + 2, first.to(tl.int64))
                 tl.store(flag + 3, tl.load(src + first).to(tl.int64))
                 tl.store(flag, 1)
