@@ -139,6 +139,10 @@ class SpecBuilder:
         if fill is not None and (isinstance(fill, bool) or not isinstance(fill, int)):
             raise SpecError(f"{caller_origin()}: input {name!r} has fill {fill!r} ({type(fill).__name__}); a fill "
                             "is an int of the input's dtype (padded rows hold it)")
+        if kind is not Kind.value and dtype not in (DType.int32, DType.int64):
+            raise SpecError(f"{caller_origin()}: input {name!r} holds {kind.value}s but has dtype "
+                            f"{getattr(dtype, 'value', dtype)}; {kind.value}s are integers: declare it DType.int32 "
+                            "or DType.int64 (a float has no exact value to range-check, a bool no range)")
         try:
             t = TensorType(dtype, tuple(shape), placement)
         except (TypeError, ValueError, SyntaxError) as e:

@@ -8,6 +8,7 @@ import torch
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import DType, Kind, Placement, SpecBuilder, parse
+from attnmeta.compiler.ir.builder import SpecError
 from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.ir.parser import ParseError
 from attnmeta.compiler.lowering.binding import Kind as SlotKind
@@ -189,3 +190,16 @@ def test_bad_python_api_arguments_are_typed_errors(call, says):
     cb = compile_backend("triton", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=64))
     with pytest.raises(UserError, match=re.escape(says)):
         call(cb)
+
+
+@pytest.mark.parametrize("dtype", [DType.float32, DType.bool])
+@pytest.mark.parametrize("kind", [SlotKind.length, SlotKind.row])
+def test_a_length_or_row_input_of_a_float_or_bool_dtype_is_a_spec_error_naming_it(dtype, kind):
+    """Not a bare TypeError from deep in the compiler: the input, its spec line and the fix."""
+    def build(mode, options):
+        b = SpecBuilder("edge")
+        b.input("seq_lens", dtype, ["bs"], fill=1, kind=kind)
+
+    with pytest.raises(SpecError, match=rf"test_boundary_cases.py:\d+: input 'seq_lens' holds {kind.value}s but "
+                                        r"has dtype .*declare it DType.int32 or DType.int64"):
+        compile_backend(BackendSpec("edge", build, (ForwardMode.DECODE,)), CompileOptions(max_bs=2))
