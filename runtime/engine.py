@@ -29,10 +29,9 @@ import logging
 import attrs
 import torch
 
-from .guard import ingest, safe_range
+from .guard import INTS, ingest, safe_range
 
 log = logging.getLogger("attnmeta.runtime")
-_INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 
 
 @attrs.define(eq=False)
@@ -85,7 +84,7 @@ def bind_engine(b, fb, device: torch.device, word: EngineWord, guard) -> Engine 
         name = s.device_field or s.source
         t = getattr(fb, name, None)
         n = b.bs * s.per_row
-        if not isinstance(t, torch.Tensor) or t.device != device or t.dtype not in _INTS or t.dim() != 1 \
+        if not isinstance(t, torch.Tensor) or t.device != device or t.dtype not in INTS or t.dim() != 1 \
                 or not t.is_contiguous() or t.shape[0] < n:
             return None
         inputs.append(Input(name, t[:n], n, s, guard.field(name)))

@@ -33,6 +33,7 @@ from attnmeta.compiler.lowering.triton_kernels import torch_on
 
 from .errors import BatchError
 
+INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)  # what a batch's integer field may be
 SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, staged as the fill
 BLOCK = 256
 

@@ -34,10 +34,10 @@ import torch
 from attnmeta.compiler.lowering.binding import Kind, Slot
 
 from .errors import BatchError
+from .guard import INTS as _INTS
 from .guard import DeviceGuard
 from .stagegen import generate
 
-_INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
 
 

@@ -171,7 +171,7 @@ def load(runner, mode: str, prep):
     runner's view."""
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 
-    if prep.view is None:
+    if mode == "extend":
         v = draft_extend_view(prep.fb, prep.bs, runner.fill, runner.width)
         runner.prepare(mode, v)
         return lambda: v
@@ -211,7 +211,7 @@ def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: r
     for i in range(n):
         rows = rng.sample(range(1, s.rows), bs)
         seq = [rng.randint(1, 2048) for _ in range(bs)]
-        p = SimpleNamespace(bs=bs, live=bs, view=None, fixed_view=None)
+        p = SimpleNamespace(bs=bs, live=bs)
         if mode == "extend":
             p.fb = draft_extend(s, rows, seq)
             p.sglang_mode = p.fb.forward_mode
@@ -222,8 +222,7 @@ def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: r
             p.seq, p.rows, raw = padded(p.fb, bs, fill)
             p.seq_cpu, dev = p.seq.cpu(), p.seq.device
             p.bufs = SimpleNamespace(input_ids=torch.zeros(bs * width, dtype=torch.int64, device=dev),
-                                     positions=torch.zeros(bs * width, device=dev))
-            p.view = True  # built per step over the runner's buffers (load)
+                                     positions=torch.zeros(bs * width, device=dev))  # the view: per step (load)
         out.append(p)
     return out
 
