@@ -135,6 +135,7 @@ def _drafter(kind: str, mla: bool):
 # kinds whose EAGLE draft decode stays SGLang's own multi-step drafter (attnmeta compiles their target and
 # draft-extend metadata)
 OWN_DRAFT_DECODE = ("flashmla", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
+DRAFT_KINDS = (*DRAFTERS, *OWN_DRAFT_DECODE)  # what --speculative-draft-attention-backend may name
 
 
 def _extender(kind: str, mla: bool):
@@ -186,4 +187,4 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     DraftBackendFactory._create_backend = _create_backend
 
 
-__all__ = ["DRAFTERS", "FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]
+__all__ = ["DRAFTERS", "DRAFT_KINDS", "FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]

@@ -91,11 +91,12 @@ def _plan_stream(runner) -> None:
 
 def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str]:
     """Register every kind as ``prefix + kind`` (returns the names), in SGLang's attention registry, its
-    ``--attention-backend`` choices and its EAGLE draft factory."""
+    ``--attention-backend`` choices, its EAGLE draft factory and its ``--speculative-draft-attention-backend``
+    choices (the kinds the draft factory builds)."""
     from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
-    from .draft import patch_draft_factory
+    from .draft import DRAFT_KINDS, patch_draft_factory
 
     names = []
     for kind in KINDS:
@@ -105,6 +106,9 @@ def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str
             choices.ATTENTION_BACKEND_CHOICES.append(name)
         names.append(name)
     patch_draft_factory(prefix)
+    for kind in DRAFT_KINDS:  # --speculative-draft-attention-backend, and SGLang's draft worker's own check
+        if prefix + kind not in choices.DRAFT_ATTENTION_BACKEND_CHOICES:
+            choices.DRAFT_ATTENTION_BACKEND_CHOICES.append(prefix + kind)
     _rules_see_kinds(prefix)
     return names
 

@@ -40,6 +40,26 @@ def test_register_names_every_kind_in_sglangs_registry_and_draft_factory():
     assert register() == names  # idempotent: SGLang's spawned workers import the launcher again
 
 
+def test_the_draft_attention_backend_flag_names_attnmeta_kinds():
+    """``--speculative-draft-attention-backend attnmeta_triton`` through SGLang's own parser and resolution:
+    accepted, the draft worker keeps it (SGLang's own check of its draft choices, which otherwise falls back to
+    flashinfer with a warning), and its draft factory builds attnmeta's drafter from it."""
+    from sglang.srt.speculative.draft_worker_common import resolve_draft_worker_attention_backend
+
+    from attnmeta.integrations.sglang.draft import TritonDraftBackend
+
+    s = Server(["--attention-backend", "triton", "--speculative-algorithm", "EAGLE",
+                "--speculative-draft-attention-backend", "attnmeta_triton"])
+    assert s.args.speculative_draft_attention_backend == "attnmeta_triton"
+    with s.active():
+        assert resolve_draft_worker_attention_backend(algo_label="EAGLE") == "attnmeta_triton"
+        s.draft_runner.draft_attention_backend = "attnmeta_triton"
+        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+        f = DraftBackendFactory(s.draft_runner, s.spec.speculative_eagle_topk, s.spec.speculative_num_steps)
+        assert isinstance(f.create_decode_backend(), TritonDraftBackend)
+
+
 @pytest.fixture(scope="module")
 def server():
     return Server(["--attention-backend", "attnmeta_triton", "--cuda-graph-max-bs-decode", "8"])
