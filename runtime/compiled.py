@@ -120,6 +120,8 @@ class CompiledAttentionBackend(AttentionBackend):
             if not isinstance(bs, int) or bs < 0:
                 raise BatchError(f"batch_size must be a non-negative int, got {bs!r}")
             b = self.bound(fb.forward_mode, bs)
+        if b.mode.is_target_verify():
+            self._check_drafts(fb)
         if not isinstance(raw, int) or not 0 <= raw <= bs:
             raise BatchError(f"the batch has {raw!r} live rows for a padded size of {bs}: the live rows must be "
                              f"between 0 and {bs} (an engine's num_padding larger than its batch_size?)")
@@ -144,6 +146,16 @@ class CompiledAttentionBackend(AttentionBackend):
                     self._unbacked_logged = True
         self._current = b
         self.forward_metadata = b.meta
+
+    def _check_drafts(self, fb) -> None:
+        """A verify batch's draft tokens per request (``spec_info.draft_token_num``, where the batch says) must be
+        the compiled count: the metadata strides every request's queries by it."""
+        d = getattr(getattr(fb, "spec_info", None), "draft_token_num", None)
+        want = self.compiled.options.num_draft_tokens
+        if d is not None and d != want:
+            raise BatchError(f"a target_verify batch with {d} draft tokens per request (spec_info.draft_token_num), "
+                             f"but the backend was compiled for num_draft_tokens={want}, which strides every "
+                             f"request's queries; recompile with --num-draft-tokens {d}")
 
     def _replay_bound(self, b: BoundPlan) -> None:
         """A step whose view is the engine buffers ``b``'s graph was captured on, with no planner that reads host

@@ -203,3 +203,21 @@ def test_a_length_or_row_input_of_a_float_or_bool_dtype_is_a_spec_error_naming_i
     with pytest.raises(SpecError, match=rf"test_boundary_cases.py:\d+: input 'seq_lens' holds {kind.value}s but "
                                         r"has dtype .*declare it DType.int32 or DType.int64"):
         compile_backend(BackendSpec("edge", build, (ForwardMode.DECODE,)), CompileOptions(max_bs=2))
+
+
+def test_a_verify_batch_with_another_draft_count_is_refused_naming_both():
+    """Compiled for 4 draft tokens, handed a verify batch of 8 per request: refused, not strided by 4."""
+    from types import SimpleNamespace
+
+    L = 64
+    be = compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(2, 4), max_context_len=L,
+                                                  modes=("decode", "target_verify"), num_draft_tokens=4)
+                         ).instantiate(make_pool(8, L))
+    fb = ForwardBatch(ForwardMode.TARGET_VERIFY, 2, req_pool_indices=torch.tensor([1, 2]),
+                      req_pool_indices_cpu=torch.tensor([1, 2]), seq_lens=torch.tensor([5, 6], dtype=torch.int32),
+                      seq_lens_cpu=torch.tensor([5, 6], dtype=torch.int32),
+                      spec_info=SimpleNamespace(draft_token_num=8))
+    with pytest.raises(BatchError, match=r"8 draft tokens per request .* compiled for num_draft_tokens=4"):
+        be.init_forward_metadata(fb)
+    fb.spec_info.draft_token_num = 4
+    be.init_forward_metadata(fb)  # the compiled count is served
