@@ -11,6 +11,10 @@
 #   sanitize  compute-sanitizer memcheck on the FlashInfer shapes, the Triton engine tests and FlashMLA over attnmeta's
 #             metadata, alone, about 5
 #   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
+#   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
+#             own triton and flashinfer at pages 1 and 16, every step compared, about 3
+#   enginetime  SGLang's real engine, one engine at a time: decode (triton page 1) and EAGLE topk 4, SGLang's own
+#             backend and attnmeta's in both orders (tokens per second of a warm 128-token decode), about 6
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnmeta-verify}
@@ -45,8 +49,25 @@ for stage in "$@"; do
     bench)
       python3 tools/bench_sglang.py --kinds triton,flashinfer,mla --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
       grep "^|" "$OUT/bench.log" ;;
+    replay)
+      python3 -m pytest -q -m cuda tests/gpu/test_cuda_capture_sequence.py -p no:cacheprovider > "$OUT/replay.log" 2>&1
+      summary "$OUT/replay.log"
+      python3 tools/bench_sglang.py --kinds triton,flashinfer --pages 1,16 --iters 60 --json "$OUT/replay.json" \
+        > "$OUT/replay-bench.log" 2>&1
+      grep "^|" "$OUT/replay-bench.log" ;;
+    enginetime)
+      export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+      export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
+      for order in "triton:1 attnmeta_triton:1 triton:1:4 attnmeta_triton:1:4" \
+                   "attnmeta_triton:1 triton:1 attnmeta_triton:1:4 triton:1:4"; do
+        f="$OUT/enginetime-$(echo "$order" | cut -d' ' -f1 | tr ':' '_').json"
+        # shellcheck disable=SC2086
+        python3 tests/gpu/sglang_engine.py "$f" $order > "$f.log" 2>&1
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v.get('long_tok_per_s'), v.get('long_s'), \
+          sum(v.get('verify_rounds') or [0]), v.get('error', '')) for k, v in d.items()]" "$f"
+      done ;;
     *)
-      echo "unknown stage $stage: tier, engine, sglang, sanitize or bench" >&2; exit 2 ;;
+      echo "unknown stage $stage: tier, engine, sglang, sanitize, bench, replay or enginetime" >&2; exit 2 ;;
   esac
   echo "== $stage done at $(since)"
 done
