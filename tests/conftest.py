@@ -40,6 +40,20 @@ def _overflow_checked(request):
     finally:
         _sanitize_overflow(False)
 
+
+@pytest.fixture(autouse=True)
+def _free_gpu_memory(request):
+    """A GPU test's graphs, pools and backends are released when it ends: a case holds tens of GiB (captured
+    graphs keep their private pools), and under compute-sanitizer the next cases ran out of memory."""
+    yield
+    if torch.cuda.is_available() and request.node.get_closest_marker("cuda") is not None:
+        import gc
+
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("ci", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])

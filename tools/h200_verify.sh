@@ -8,8 +8,9 @@
 #   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu; FlashInfer MLA included), about 3 minutes
 #   engine    SGLang's real engine, every case, four at a time (tests/gpu/test_sglang_engine.py), about 4
 #   sglang    attnmeta_flashinfer beside SGLang's own FlashInfer backend (test_sglang_flashinfer.py), about 3
-#   sanitize  compute-sanitizer memcheck on the FlashInfer shapes, the Triton engine tests and FlashMLA over attnmeta's
-#             metadata, alone, about 5
+#   sanitize  compute-sanitizer memcheck over the GPU tier, file by file (more than one call: pass test files
+#             through ATTNMETA_SANITIZE_FILES to split it)
+#   initrace  compute-sanitizer initcheck and racecheck over the staging, guard and graph tests
 #   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
 #   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
 #             own triton and flashinfer at pages 1 and 16, every step compared, about 3
@@ -37,15 +38,22 @@ for stage in "$@"; do
       python3 -m pytest -q -m cuda tests/gpu/test_sglang_flashinfer.py -p no:cacheprovider > "$OUT/sglang.log" 2>&1
       summary "$OUT/sglang.log" ;;
     sanitize)
-      compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda \
-        tests/gpu/test_flashinfer_shapes.py -p no:cacheprovider > "$OUT/memcheck_flashinfer.log" 2>&1
-      summary "$OUT/memcheck_flashinfer.log"
-      compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda tests/gpu/test_cuda_engine.py \
-        -p no:cacheprovider > "$OUT/memcheck_engine.log" 2>&1
-      summary "$OUT/memcheck_engine.log"
-      compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda tests/gpu/test_flashmla_attention.py \
-        tests/gpu/test_flashmla_schedule.py -k "not gpu_time" -p no:cacheprovider > "$OUT/memcheck_flashmla.log" 2>&1
-      summary "$OUT/memcheck_flashmla.log" ;;
+      # memcheck over the GPU tier (SGLang's engine runs in processes of its own: the engine stage), file by file
+      for t in ${ATTNMETA_SANITIZE_FILES:-tests/gpu/test_*.py}; do
+        case "$t" in *sglang_engine*) continue ;; esac
+        n=$(basename "$t" .py)
+        compute-sanitizer --tool memcheck --print-limit 5 python3 -m pytest -q -m cuda "$t" -k "not gpu_time" \
+          -p no:cacheprovider > "$OUT/memcheck_$n.log" 2>&1
+        echo "$n: $(summary "$OUT/memcheck_$n.log" | tr '\n' ' ')"
+      done ;;
+    initrace)
+      # initcheck (a read of memory nobody wrote) and racecheck over the staging, guard and graph tests
+      for tool in initcheck racecheck; do
+        compute-sanitizer --tool "$tool" --print-limit 5 python3 -m pytest -q -m cuda \
+          tests/gpu/test_cuda_capture_sequence.py tests/gpu/test_cuda_staging.py tests/gpu/test_cuda_graphs.py \
+          -p no:cacheprovider > "$OUT/$tool.log" 2>&1
+        echo "$tool: $(summary "$OUT/$tool.log" | tr '\n' ' ')"
+      done ;;
     bench)
       python3 tools/bench_sglang.py --kinds triton,flashinfer,mla --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
       grep "^|" "$OUT/bench.log" ;;
@@ -67,7 +75,7 @@ for stage in "$@"; do
           sum(v.get('verify_rounds') or [0]), v.get('error', '')) for k, v in d.items()]" "$f"
       done ;;
     *)
-      echo "unknown stage $stage: tier, engine, sglang, sanitize, bench, replay or enginetime" >&2; exit 2 ;;
+      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay or enginetime" >&2; exit 2 ;;
   esac
   echo "== $stage done at $(since)"
 done
