@@ -209,7 +209,7 @@ def cmd_bench(a) -> int:
 
         set_cpu_kernels("torch")  # the interpreter would swamp host time
         print("note: on a CPU, 'device' work runs on the host too; only GPU numbers show host overhead alone; "
-              "kernels run as torch")
+              "kernels run as torch", file=sys.stderr)  # stdout stays the table, or JSON that parses
     if a.e2e_layers:
         from .e2e import format_e2e, run_e2e
 

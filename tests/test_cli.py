@@ -209,8 +209,9 @@ def test_bench_json_carries_every_column_and_the_planner(capsys):
 
     assert main(["bench", "--backend", "flashinfer", "--sizes", "1", "3", "--iters", "5", "--device", "cpu",
                  "--json"]) == 0
-    out = capsys.readouterr().out
-    doc = json.loads(out[out.index("{"):])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # the whole of stdout parses: notes go to stderr
+    assert "note: on a CPU" in captured.err
     assert doc["planner"] == "stand-in" and "STAND-IN" in doc["planner_label"] and doc["device"] == "cpu"
     assert [r["bs"] for r in doc["rows"]] == [1, 3]
     for r in doc["rows"]:
