@@ -267,6 +267,17 @@ class _OneLine(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}{hint}; {self.prog} --help for usage\n")
 
 
+def _positive(text: str) -> int:
+    """An int of at least 1 (a count of steps, a batch size)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def parser() -> argparse.ArgumentParser:
     fmt = _Defaults
     p = _OneLine(prog="attnmeta", description=__doc__.split("\n\n")[0],
@@ -343,8 +354,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--backend", default="flashinfer", choices=[
         *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton", "trtllm_mha")),
         "multistep_flashinfer", "multistep_triton", "dsv4", "flashmla", "trtllm_mla"])
-    be.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
-    be.add_argument("--iters", type=int, default=300, help="timed steps per size and column")
+    be.add_argument("--sizes", type=_positive, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
+    be.add_argument("--iters", type=_positive, default=300, help="timed steps per size and column")
     be.add_argument("--max-context-len", type=int, default=4096, help="L")
     be.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     be.add_argument("--planner", choices=["auto", "flashinfer", "flashinfer-host", "stand-in"], default="auto",

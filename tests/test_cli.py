@@ -258,3 +258,15 @@ def test_bench_measures_the_wrapped_backends(capsys, backend):
     doc = json.loads(out[out.index("{"):])
     assert [r["bs"] for r in doc["rows"]] == [2, 4] and all(r["eager_us"] > 0 for r in doc["rows"])
     assert doc["planner"] == ("stand-in" if backend.endswith("flashinfer") else "none")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--iters", "0"], "argument --iters: must be at least 1, got 0"),
+    (["--sizes", "-1"], "argument --sizes: must be at least 1, got -1"),
+])
+def test_bench_counts_below_one_are_one_line_naming_the_flag(capsys, args, says):
+    """Was a StatisticsError traceback (--iters 0) or an error about max_bs (--sizes -1)."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--backend", "triton", "--device", "cpu", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
