@@ -258,12 +258,20 @@ class _OneLine(argparse.ArgumentParser):
             choices = re.findall(r"'?([\w.:/-]+)'?", m.group(2))
             close = difflib.get_close_matches(m.group(1), choices, n=1)
         m = re.search(r"unrecognized arguments: (\S+)", message)
+        owners: list[str] = []
         if m:
             opts = [o for a in self._actions for o in a.option_strings]
             for sp in (a for a in self._actions if isinstance(a, argparse._SubParsersAction)):
-                opts += [o for p in sp.choices.values() for a in p._actions for o in a.option_strings]
-            close = difflib.get_close_matches(m.group(1), opts, n=1)
+                for name, p in sp.choices.items():
+                    theirs = [o for a in p._actions for o in a.option_strings]
+                    owners += [name] if m.group(1) in theirs else []
+                    opts += theirs
+            # another command's option is not a typo of itself: name its command, suggest the nearest other
+            close = difflib.get_close_matches(m.group(1), [o for o in opts if o != m.group(1)], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if owners:
+            hint = f" ({m.group(1)} is an option of {', '.join(f'{self.prog} {o}' for o in owners)}" + \
+                (f"; did you mean {close[0]!r}?)" if close else ")")
         self.exit(2, f"{self.prog}: {message}{hint}; {self.prog} --help for usage\n")
 
 

@@ -142,7 +142,7 @@ def check_dump_sizes(options: CompileOptions) -> None:
     missing = sorted(set(options.dump_bs) - set(compiled))
     if missing:
         raise OptionsError(f"dump_bs {missing} are not compiled sizes (compiled: {compiled}); dump one of those, "
-                           "or add the size to capture_sizes (--sizes)")
+                           "or add the size to capture_sizes (--capture-sizes)")
 
 
 def dump_selection(options: CompileOptions) -> Selection:

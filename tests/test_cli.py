@@ -270,3 +270,18 @@ def test_bench_counts_below_one_are_one_line_naming_the_flag(capsys, args, says)
         main(["bench", "--backend", "triton", "--device", "cpu", *args])
     err = capsys.readouterr().err
     assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_another_commands_option_is_named_as_such_not_suggested_as_itself(capsys):
+    """``compile --bs 8`` answered "did you mean '--bs'?": --bs belongs to inspect."""
+    with pytest.raises(SystemExit) as e:
+        main(["compile", "triton", "--bs", "8"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--bs is an option of attnmeta inspect; did you mean '--max-bs'?" in err and "mean '--bs'" not in err
+
+
+def test_a_dump_size_not_compiled_names_the_capture_sizes_flag(capsys):
+    assert main(["compile", "triton", "--max-bs", "8", "--dump-bs", "999"]) == 2
+    err = capsys.readouterr().err
+    assert "(--capture-sizes)" in err and "(--sizes)" not in err
