@@ -138,6 +138,7 @@ def _dumped(dump_dir: str, a, name: str | None = None) -> None:
 
 def cmd_inspect(a) -> int:
     run = dumps.find_run(a.dir)
+    dumps.check_filters(run, a.mode, a.pass_, a.diff)
     if a.html is not None:
         from .report import write
 

@@ -55,6 +55,19 @@ def failure(run: str) -> str:
     return "\n".join(out)
 
 
+def check_filters(run: str, mode: str | None, pass_: str | None, diff: bool) -> None:
+    """``--mode`` and ``--pass`` name what this run recorded (a name it did not would print an empty table), and a
+    diff asks for a pass that writes IR."""
+    rows = load(run)["passes"]
+    passes = {r["pass"] for r in rows}
+    for flag, value, known in (("--mode", mode, {r["mode"] for r in rows}), ("--pass", pass_, passes)):
+        if value and value not in known:
+            raise OptionsError(f"{flag} {value}: this run recorded none; it has {sorted(known)}")
+    if diff and pass_ == "lower":
+        raise OptionsError("--pass lower --diff: lower writes code, not IR (NN-lowered.py beside the size's .ir "
+                           f"files); read that file, or diff a pass that writes IR: {sorted(passes - {'lower'})}")
+
+
 def pass_table(run: str, mode: str | None = None, bs: int | None = None, pass_: str | None = None) -> str:
     rows = []
     for r in load(run)["passes"]:

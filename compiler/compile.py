@@ -137,12 +137,18 @@ def _describe(o: CompileOptions) -> str:
 
 
 def check_dump_sizes(options: CompileOptions) -> None:
-    """``dump_bs`` names sizes that are compiled: another would silently dump nothing."""
+    """``dump_bs`` and ``dump_modes`` name sizes and graphs that are compiled: another would silently dump
+    nothing."""
     compiled = sorted({*options.sizes, options.max_bs})
     missing = sorted(set(options.dump_bs) - set(compiled))
     if missing:
         raise OptionsError(f"dump_bs {missing} are not compiled sizes (compiled: {compiled}); dump one of those, "
                            "or add the size to capture_sizes (--capture-sizes)")
+    graphs = sorted({m.graph_key.name.lower() for m in options.modes})  # idle is decode's graph
+    stray = sorted({m.lower() for m in options.dump_modes} - set(graphs))
+    if stray:
+        raise OptionsError(f"dump_modes {stray} are not compiled graphs (--dump-modes): the compile has {graphs}; "
+                           "dump one of those, or add the mode to --modes (idle is dumped as decode)")
 
 
 def dump_selection(options: CompileOptions) -> Selection:

@@ -285,3 +285,22 @@ def test_a_dump_size_not_compiled_names_the_capture_sizes_flag(capsys):
     assert main(["compile", "triton", "--max-bs", "8", "--dump-bs", "999"]) == 2
     err = capsys.readouterr().err
     assert "(--capture-sizes)" in err and "(--sizes)" not in err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--mode", "target_verify"], "--mode target_verify: this run recorded none; it has ['decode']"),
+    (["--pass", "lower", "--diff"], "--pass lower --diff: lower writes code, not IR"),
+])
+def test_inspect_filters_that_match_nothing_are_refused_with_the_choices(tmp_path, capsys, args, says):
+    """Were an empty table (or no diff) and exit 0."""
+    assert main(["compile", "triton", "--max-bs", "4", "--dump-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "triton"), *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_dump_modes_not_compiled_are_refused_with_the_choices(tmp_path, capsys):
+    assert main(["compile", "triton", "--max-bs", "4", "--dump-dir", str(tmp_path), "--dump-modes",
+                 "target_verify"]) == 2
+    assert "dump_modes ['target_verify'] are not compiled graphs (--dump-modes): the compile has ['decode']" in \
+        capsys.readouterr().err
