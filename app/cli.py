@@ -75,7 +75,8 @@ def cmd_compile(a) -> int:
         dump_bs = () if every or not a.dump_bs else tuple(int(x) for x in a.dump_bs)
     except ValueError:
         raise OptionsError(f"--dump-bs takes batch sizes or 'all', got {a.dump_bs}") from None
-    opts = CompileOptions(max_bs=a.max_bs, page_size=a.page_size, max_context_len=a.max_context_len,
+    page = a.page_size if a.page_size is not None else _default_page(a.backend)
+    opts = CompileOptions(max_bs=a.max_bs, page_size=page, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
                           index_topk=a.index_topk, compress_ratios=tuple(a.compress_ratios), sm_count=a.sm_count,
                           num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, modes=a.modes, capture_sizes=sizes,
@@ -118,6 +119,19 @@ def cmd_compile(a) -> int:
     if opts.dump_dir:
         _dumped(opts.dump_dir, a, cb.spec.name)
     return 0
+
+
+def _default_page(backend: str) -> int:
+    """Pages of one token, unless the backend serves other sizes only (FlashMLA's 64, TRT-LLM MLA's 32 or 64):
+    then the first it serves, said on stderr."""
+    from attnmeta.compiler.spec import get_spec
+
+    served = get_spec(backend).page_sizes
+    if not served or 1 in served:
+        return 1
+    print(f"note: {backend} serves page sizes {list(served)}: compiling at {served[0]} (--page-size)",
+          file=sys.stderr)
+    return served[0]
 
 
 def _dumped(dump_dir: str, a, name: str | None = None) -> None:
@@ -301,7 +315,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-bs", type=int, default=256, help="the largest batch; static buffers are sized for it")
     c.add_argument("--capture-sizes", type=int, nargs="+", help="batch sizes to compile for capture "
                                                                 "(default: 1 2 4 8 12 16 24 ... up to --max-bs)")
-    c.add_argument("--page-size", type=int, default=1, help="KV page size (a power of two)")
+    c.add_argument("--page-size", type=int, default=None,
+                   help="KV page size (a power of two; default 1, or the first a backend serves when it serves not 1)")
     c.add_argument("--max-context-len", type=int, default=4096, help="tokens per request at most (L)")
     c.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     c.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")

@@ -304,3 +304,12 @@ def test_dump_modes_not_compiled_are_refused_with_the_choices(tmp_path, capsys):
                  "target_verify"]) == 2
     assert "dump_modes ['target_verify'] are not compiled graphs (--dump-modes): the compile has ['decode']" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("backend", "page"), [("flashmla", 64), ("trtllm_mla", 32)])
+def test_a_backend_that_does_not_serve_pages_of_one_compiles_at_a_size_it_serves(capsys, backend, page):
+    """Was a refusal of the default page size."""
+    assert main(["compile", backend, "--max-bs", "4"]) == 0
+    err = capsys.readouterr().err
+    assert f"compiling at {page} (--page-size)" in err
+    assert main(["compile", backend, "--max-bs", "4", "--page-size", "1"]) == 2  # named, it is still checked
