@@ -342,7 +342,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--print-after-all", action="store_true", help="print the IR after every pass (stderr)")
     c.add_argument("--print-after-change", action="store_true", help="print the IR after passes that changed it")
     c.add_argument("--print-after", nargs="+", choices=PASSES, metavar="PASS", help="print the IR after these passes")
-    c.add_argument("--print-before", nargs="+", choices=PASSES, metavar="PASS", help="print the IR before these passes")
+    c.add_argument("--print-before", nargs="+", choices=PASSES + ["lower"], metavar="PASS",
+                   help="print the IR before these passes (lower: the IR lowering reads)")
     c.add_argument("--no-print-after-failure", action="store_true", help="do not print the IR a pass failed on")
     c.add_argument("--disable-pass", nargs="+", metavar="PASS", help="skip passes by name, to bisect")
     c.add_argument("--force", action="store_true", help="allow --disable-pass to switch off a safety pass "
@@ -375,7 +376,7 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
     be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin",
                         formatter_class=fmt)
-    be.add_argument("--backend", default="flashinfer", choices=[
+    be.add_argument("--backend", default="flashinfer", help="the backend to measure", choices=[
         *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton", "trtllm_mha")),
         "multistep_flashinfer", "multistep_triton", "dsv4", "flashmla", "trtllm_mla"])
     be.add_argument("--sizes", type=_positive, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")

@@ -148,6 +148,8 @@ def compile_size(g: Graph, options: CompileOptions, mode: ForwardMode, bs: int, 
     """One (mode, bs) plan: the per-size passes, then lowering against the backend's layout."""
     ctx = PassContext(options, mode, bs, g)
     specialized = run_passes(g, PER_BS_PASSES, ctx, instruments)
+    for i in instruments:  # lowering is the last pass: --print-before lower shows the IR it lowers
+        i.before("lower", specialized, ctx)
     t0 = time.perf_counter()
     plan = lower(specialized, mode, stable, layout.base(mode), options.max_bs)
     for i in instruments:

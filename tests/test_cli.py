@@ -313,3 +313,10 @@ def test_a_backend_that_does_not_serve_pages_of_one_compiles_at_a_size_it_serves
     err = capsys.readouterr().err
     assert f"compiling at {page} (--page-size)" in err
     assert main(["compile", backend, "--max-bs", "4", "--page-size", "1"]) == 2  # named, it is still checked
+
+
+def test_print_before_lower_prints_what_lowering_reads(capsys):
+    """lower is a pass in the pass table and in inspect; --print-before refused it."""
+    assert main(["compile", "triton", "--max-bs", "4", "--print-before", "lower"]) == 0
+    err = capsys.readouterr().err
+    assert "IR Dump Before lower" in err and "bs=4" in err
