@@ -39,7 +39,7 @@ from .passes import (  # noqa: F401  (registration)
 )
 from .passes.registry import PassContext, get_pass
 from .repro import write_repro
-from .spec import BackendSpec
+from .spec import BackendSpec, build_graph
 
 GENERIC_PASSES = (
     "verify",  # structure and types, as the author wrote them
@@ -111,7 +111,7 @@ def compile_spec(spec: BackendSpec, options: CompileOptions, instruments: Sequen
     generic = {}
     for mode in dict.fromkeys(m.graph_key for m in options.modes):
         ctx = PassContext(options, mode)
-        g = spec.build(mode, options)
+        g = build_graph(spec, mode, options)
         for i in instruments:
             i.start(g, ctx)
         generic[mode] = run_passes(g, GENERIC_PASSES, ctx, instruments)

@@ -19,7 +19,8 @@ from importlib.metadata import entry_points
 import attrs
 
 from .ir import Graph
-from .ir.errors import InternalError, UnknownName
+from .ir.builder import SpecError
+from .ir.errors import InternalError, UnknownName, UserError
 from .modes import ForwardMode
 from .options import CompileOptions
 
@@ -102,8 +103,46 @@ def _module(where: str, ref: str):
             spec.loader.exec_module(module)
             return module
         return importlib.import_module(where)
+    except SyntaxError as e:
+        raise SpecError(f"{e.filename}:{e.lineno}: a syntax error in the spec's code ({e.msg}), importing "
+                        f"{where!r} for spec {ref!r}") from None
     except ImportError as e:
         raise UnknownName(f"cannot import {where!r} for spec {ref!r}: {e}") from None
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module raised at import: say where, in one line
+        raise SpecError(f"{user_line(e)}: importing {where!r} for spec {ref!r} raised {type(e).__name__}: {e}") \
+            from None
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attnmeta's own files
+
+
+def user_line(e: BaseException) -> str:
+    """``file:line`` of the deepest frame of ``e``'s traceback outside attnmeta (the user's code), or
+    ``?`` when every frame is attnmeta's."""
+    tb, where = e.__traceback__, "?"
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if not os.path.abspath(f).startswith(_PACKAGE + os.sep) and not f.startswith("<frozen"):
+            where = f"{f}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def build_graph(spec: BackendSpec, mode: ForwardMode, options: CompileOptions) -> Graph:
+    """``spec.build(mode, options)``; an exception raised by a user's builder is a ``SpecError`` naming its
+    file and line (one line on the command line), one raised by attnmeta's own specs stays what it is."""
+    try:
+        return spec.build(mode, options)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        where = user_line(e)
+        if where == "?":
+            raise
+        raise SpecError(f"{where}: the builder of spec {spec.name!r} ({mode.name.lower()}) raised "
+                        f"{type(e).__name__}: {e}") from e
 
 
 def _specs_in(module) -> list[str]:

@@ -320,3 +320,21 @@ def test_print_before_lower_prints_what_lowering_reads(capsys):
     assert main(["compile", "triton", "--max-bs", "4", "--print-before", "lower"]) == 0
     err = capsys.readouterr().err
     assert "IR Dump Before lower" in err and "bs=4" in err
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ("def build(:\n", r"bad\.py:1: a syntax error in the spec's code"),
+    ("import os\nraise RuntimeError('boom')\n", r"bad\.py:2: importing .* raised RuntimeError: boom"),
+    ("from attnmeta.compiler import BackendSpec, ForwardMode\n\ndef build(mode, options):\n"
+     "    raise ValueError('my builder is broken')\n\nSPEC = BackendSpec('bad', build, (ForwardMode.DECODE,))\n",
+     r"bad\.py:4: the builder of spec 'bad' \(decode\) raised ValueError: my builder is broken"),
+])
+def test_a_spec_file_that_fails_is_one_line_naming_its_file_and_line(tmp_path, capsys, body, says):
+    """Were 19-29 lines of traceback through attnmeta's code, exit 1."""
+    import re
+
+    f = tmp_path / "bad.py"
+    f.write_text(body)
+    assert main(["compile", f"{f}:SPEC", "--max-bs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(says, err), err
