@@ -109,8 +109,10 @@ def cmd_compile(a) -> int:
         raise
     finally:
         bar.close()
+    shared = len(opts.modes) - len(cb.generic)  # idle replays decode's graph
     print(f"compiled {cb.spec.name}: {len(cb.plans)} plans ({len(opts.sizes)} capture sizes x "
-          f"{len(cb.generic)} graph modes) in {cb.seconds:.3f} s")
+          f"{len(cb.generic)} graphs for {len(opts.modes)} modes{'; idle uses decode' * (shared > 0)}) "
+          f"in {cb.seconds:.3f} s")
     print(table(cb.summary(), ["mode", "bs", "out_graph", "in_graph", "kernels", "host_ops", "bytes_per_step",
                                "arena_kib"]))
     print("time (s, every size): " + ", ".join(f"{k} {v:.3f}" for k, v in cb.timing.seconds.items()))
