@@ -158,9 +158,12 @@ class SpecBuilder:
             raise SpecError(f"{caller_origin()}: {name!r} has a negative extent in shape {t}; extents are >= 0")
 
     def pool(self, name: str, dtype: DType, shape: list, placement: Placement = Placement.device) -> V:
+        """An engine tensor bound at instantiate (``req_to_token``, ``full_to_swa``); its extents may name R
+        (pool rows) and N (KV slots), which the bound tensor decides."""
         return self.input(name, dtype, shape, placement, None, Role.pool)
 
     def op(self, op: Op | str, *ins: V, name: str | None = None, **a: AttrValue) -> V:
+        """Any op of the op table by name, with its attributes (the methods below are this, typed)."""
         if not isinstance(op, Op):
             try:
                 op = Op(op)
@@ -176,18 +179,24 @@ class SpecBuilder:
 
     # --- sugar for the op table ---
     def full(self, value: int, shape: list, dtype: DType, placement=Placement.device, name=None) -> V:
+        """A constant tensor of ``shape`` filled with ``value`` (evaluated once, when a plan is bound)."""
         return self.op(Op.full, value=value, shape=tuple(shape), dtype=dtype, placement=placement, name=name)
 
     def arange(self, n, start=0, step=1, dtype=DType.int32, placement=Placement.device, name=None) -> V:
+        """``start, start + step, ...``: ``n`` values (``n`` may be a symbol such as ``"bs + 1"``)."""
         return self.op(Op.arange, start=start, step=step, n=n, dtype=dtype, placement=placement, name=name)
 
     def cumsum(self, x: V, leading_zero: bool = True, name=None) -> V:
+        """Running sum of ``x``; with ``leading_zero`` one longer, starting at 0 (an indptr from lengths)."""
         return self.op(Op.cumsum, x, leading_zero=leading_zero, name=name)
 
     def cast(self, x: V, dtype: DType, name=None) -> V:
+        """``x`` converted to ``dtype`` (int32 <-> int64 narrowing is checked at the boundary, not here)."""
         return self.op(Op.cast, x, dtype=dtype, name=name)
 
     def ewise(self, fn: str, x: V, y: V | int, name=None) -> V:
+        """Elementwise ``fn(x, y)``, ``fn`` one of add, sub, mul, floordiv, ceildiv, mod, min, max; ``y`` a value
+        of ``x``'s shape or an int constant."""
         if isinstance(y, bool) or (not isinstance(y, (int, V))):
             raise SpecError(f"{caller_origin()}: ewise {fn!r}'s second operand must be a value or an int constant, got "
                             f"{type(y).__name__} {y!r}")
@@ -212,40 +221,53 @@ class SpecBuilder:
         return self.op(Op.log2_scale, x, scale=scale, divisor=divisor, name=name)
 
     def reduce(self, fn: str, x: V, name=None) -> V:
+        """``x`` reduced to a scalar by ``fn`` (sum, max, min): on the device, a 0-d tensor."""
         return self.op(Op.reduce, x, fn=fn, name=name)
 
     def slice(self, x: V, start, stop, name=None) -> V:
+        """Rows ``x[start:stop]`` with static bounds (slice-to-bs, a TBO child's rows)."""
         return self.op(Op.slice, x, start=start, stop=stop, name=name)
 
     def compare(self, fn: str, x: V, y: V | int, name=None) -> V:
+        """Elementwise comparison ``fn(x, y)`` (lt, le, gt, ge, eq, ne) to a bool value."""
         if isinstance(y, int):
             y = self.full(y, [], x.type.dtype, x.type.placement)
         return self.op(Op.compare, x, y, fn=fn, name=name)
 
     def where(self, cond: V, x: V, y: V | int, name=None) -> V:
+        """``x`` where ``cond`` holds, else ``y`` (a value or an int constant)."""
         if isinstance(y, int):
             y = self.full(y, [], x.type.dtype, x.type.placement)
         return self.op(Op.where, cond, x, y, name=name)
 
     def page_table(self, table: V, rows: V, lens: V, page_size: int, width, name=None) -> V:
+        """``out[i, j] = table[rows[i], j * P] // P`` for the pages ``j < ceil(lens[i] / P)``, 0 past them, at a
+        static ``width`` (e.g. ``"ceil(L / P)"``); a row outside the table reads row 0."""
         return self.op(Op.page_table, table, rows, lens, page_size=page_size, width=width, name=name)
 
     def repeat(self, x: V, times, name=None) -> V:
+        """Each entry of ``x`` ``times`` times in a row (repeat_interleave by a constant)."""
         return self.op(Op.repeat, x, times=times, name=name)
 
     def lookup(self, table: V, idx: V, name=None) -> V:
+        """``table[idx]`` (e.g. full-pool slots to sliding-window ones); an index outside reads ``table[0]``."""
         return self.op(Op.lookup, table, idx, name=name)
 
     def outer(self, fn: str, x: V, y: V, name=None) -> V:
+        """``out[i, j] = fn(x[i], y[j])`` (an ewise function by name)."""
         return self.op(Op.outer, x, y, fn=fn, name=name)
 
     def gather_rows(self, table: V, rows: V, cols: V, name=None) -> V:
+        """``out[i, j] = table[rows[i], cols[i, j]]``, -1 where a column is outside the row; a row outside the
+        table reads row 0."""
         return self.op(Op.gather_rows, table, rows, cols, name=name)
 
     def flatten(self, x: V, name=None) -> V:
+        """``[n, m]`` to ``[n * m]``, row-major (per-request rows to per-token values)."""
         return self.op(Op.flatten, x, name=name)
 
     def copy(self, x: V, name=None) -> V:
+        """A copy of ``x`` (to bind one value to a second output field)."""
         return self.op(Op.copy, x, name=name)
 
     def host_call(self, target: str, *ins: V, binds: dict[str, V] | None = None, name=None) -> V:
@@ -312,6 +334,7 @@ class SpecBuilder:
             self._outputs.append(Output(f, v.name, (ragged or {}).get(f)))
 
     def build(self) -> Graph:
+        """The graph, through the verifier: a malformed spec fails here, naming the node and its spec line."""
         from .verify import verify  # the builder's graphs go through the one verifier
 
         return verify(Graph(self.name, tuple(self._inputs), tuple(self._nodes), tuple(self._outputs)))
