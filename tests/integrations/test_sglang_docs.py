@@ -38,6 +38,22 @@ def test_the_launcher_registers_the_backends():
     assert callable(mod.main)
 
 
+def test_the_installed_launcher_is_sglangs_server_with_the_backends():
+    """``attnmeta-sglang`` is an installed command: its entry point names the launcher, whose import
+    registers every kind, and it takes SGLang's own arguments (``--help`` is SGLang's parser's)."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="console_scripts") if e.name == "attnmeta-sglang"]
+    assert ep.value == "attnmeta.integrations.sglang.launch:main"
+    r = subprocess.run([sys.executable, "-c", "import sys; from attnmeta.integrations.sglang.launch import BACKENDS, "
+                        "main; print(BACKENDS); sys.argv = ['attnmeta-sglang', '--help']; main()"],
+                       capture_output=True, text=True, timeout=300)
+    assert str(NAMES) in r.stdout and "--attention-backend" in r.stdout and "attnmeta_triton" in r.stdout, \
+        r.stderr[-2000:]
+
+
 def test_every_documented_launch_is_a_served_case():
     """Each launch command docs/SGLANG.md shows is one test_sglang_serving / test_sglang_flashinfer starts
     from (the model and draft paths and the optional bracket aside)."""
