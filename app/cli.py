@@ -154,6 +154,12 @@ def _dumped(dump_dir: str, a, name: str | None = None) -> None:
 
 def cmd_inspect(a) -> int:
     run = dumps.find_run(a.dir)
+    if a.keep is not None:
+        gone = dumps.prune(run, a.keep)
+        print(f"removed {len(gone)} run(s): {', '.join(os.path.basename(g) for g in gone) or 'none'}")
+    if a.runs or a.keep is not None:
+        print(dumps.run_list(run))
+        return 0
     dumps.check_filters(run, a.mode, a.pass_, a.diff)
     if a.html is not None:
         from .report import write
@@ -360,6 +366,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--pass", dest="pass_", choices=PASSES + ["lower"], help="only this pass")
     i.add_argument("--html", nargs="?", const="", metavar="FILE", help="write the HTML report (default "
                                                                        "<run>/report.html)")
+    i.add_argument("--runs", action="store_true", help="list the backend's runs (status, passes, the latest)")
+    i.add_argument("--keep", type=int, metavar="N", help="delete all but the newest N runs, then list them")
     i.set_defaults(fn=cmd_inspect)
     d = sub.add_parser("demo", help="a serving loop, every step checked against the eager twin and a pool oracle",
                        formatter_class=fmt)

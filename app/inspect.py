@@ -7,7 +7,7 @@ import difflib
 import json
 import os
 
-from attnmeta.compiler import OptionsError
+from attnmeta.compiler import OptionsError, UserError
 
 from .table import table
 
@@ -27,6 +27,39 @@ def find_run(path: str) -> str:
     if backends:
         raise OptionsError(f"{path!r} holds dumps of {backends}; name one: attnmeta inspect {path}/{backends[0]}")
     raise OptionsError(f"{path!r} holds no attnmeta dumps (no passes.json, no latest run)")
+
+
+def runs(run: str) -> list[str]:
+    """Every run folder beside ``run`` (its backend's), oldest first."""
+    parent = os.path.dirname(os.path.realpath(run))
+    return sorted(os.path.join(parent, d) for d in os.listdir(parent) if d.startswith("run-")
+                  and os.path.isdir(os.path.join(parent, d)))
+
+
+def run_list(run: str) -> str:
+    """A line per run: its folder, status (complete, or the pass that failed) and pass rows."""
+    rows = []
+    for r in runs(run):
+        try:
+            data = load(r)
+            status = data.get("status", "complete")
+            rows.append({"run": os.path.basename(r), "status": status, "passes": len(data["passes"]),
+                         "latest": "*" if os.path.realpath(r) == os.path.realpath(run) else ""})
+        except UserError:
+            rows.append({"run": os.path.basename(r), "status": "unreadable", "passes": 0, "latest": ""})
+    return table(rows, ["run", "status", "passes", "latest"], title=os.path.dirname(os.path.realpath(run)))
+
+
+def prune(run: str, keep: int) -> list[str]:
+    """Delete all but the newest ``keep`` runs beside ``run`` (never ``run`` itself); the deleted folders."""
+    import shutil
+
+    if keep < 1:
+        raise OptionsError(f"--keep must be at least 1, got {keep}")
+    old = [r for r in runs(run)[:-keep] if os.path.realpath(r) != os.path.realpath(run)]
+    for r in old:
+        shutil.rmtree(r)
+    return old
 
 
 def load(run: str) -> dict:

@@ -99,7 +99,8 @@ def _section(run: str, mode: str, bs: int | None) -> str:
                  "</div></details>")
     else:
         drawn = f'<div class="graph">{svg(g)}</div>'
-    return f'<h3>{mode}, bs {bs}</h3>{fit}{drawn}{"".join(parts)}<h4>generated code</h4>{code}'
+    code = f"<h4>generated code</h4>{code}" if code else ""  # a failed compile lowered nothing: no empty heading
+    return f'<h3>{mode}, bs {bs}</h3>{fit}{drawn}{"".join(parts)}{code}'
 
 
 def _failure(run: str, f: dict | None) -> str:

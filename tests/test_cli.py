@@ -338,3 +338,16 @@ def test_a_spec_file_that_fails_is_one_line_naming_its_file_and_line(tmp_path, c
     assert main(["compile", f"{f}:SPEC", "--max-bs", "2"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and re.search(says, err), err
+
+
+def test_inspect_lists_runs_and_keeps_the_newest(tmp_path, capsys):
+    for _ in range(3):
+        assert main(["compile", "triton", "--max-bs", "2", "--dump-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "triton"), "--runs"]) == 0
+    out = capsys.readouterr().out
+    runs = sorted(d.name for d in (tmp_path / "triton").iterdir() if d.name.startswith("run-"))
+    assert len(runs) == 3 and all(r in out for r in runs) and out.count("complete") == 3
+    assert main(["inspect", str(tmp_path / "triton"), "--keep", "1"]) == 0
+    assert sorted(d.name for d in (tmp_path / "triton").iterdir() if d.name.startswith("run-")) == runs[-1:]
+    assert main(["inspect", str(tmp_path / "triton")]) == 0  # latest still resolves
