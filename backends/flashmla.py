@@ -23,11 +23,9 @@ PAGE = 64  # FlashMLA's page size
 
 
 def headroom(mode: ForwardMode, options: CompileOptions) -> int:
-    """Keys past seq_lens: verify's D drafts. Draft extend reads ``seq - extend + D`` keys, which a full
-    window (extend = D) keeps at seq: the bound is the batch's own, so sequences up to L are served, as
-    SGLang (and TRT-LLM MLA's spec) serve them; a row whose window would pass L reads the table's guarded
-    columns (the reserved page), never outside it."""
-    return 0 if mode.is_draft_extend() else verify_headroom(mode, options)
+    """Keys past seq_lens: verify's D drafts; draft extend's window of D after at least one accepted
+    token (seq - extend + D <= L)."""
+    return options.num_draft_tokens - 1 if mode.is_draft_extend() else verify_headroom(mode, options)
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:

@@ -95,29 +95,3 @@ def test_the_schedule_is_rerun_by_every_replay():
 def test_a_page_size_flashmla_does_not_serve_is_refused():
     with pytest.raises(OptionsError, match=r"backend 'flashmla' serves page sizes \[64\], not 16"):
         compile_backend("flashmla", CompileOptions(max_bs=4, capture_sizes=(4,), page_size=16))
-
-
-def test_draft_extend_serves_full_windows_at_the_end_of_the_context():
-    """Lengths L - 1 and L with a full window of D (seq - extend + D = seq keys): served, as SGLang serves
-    them, with the keys and pages of the eager twin (hand-written, SGLang's way)."""
-    from attnmeta.backends.eager.flashmla import EagerFlashMLA
-    from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-    from attnmeta.runtime import ForwardBatch
-
-    L, rows, D = 512, 4, 4
-    pages = torch.randperm(rows * L // 64)[: rows * L // 64].view(rows, L // 64) + 1
-    pool = (pages.repeat_interleave(64, dim=1) * 64 + torch.arange(L) % 64).to(torch.int32)
-    pool[0] = 0
-    be = compile_backend("flashmla", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=L, page_size=64,
-                                                    modes=("draft_extend",), num_draft_tokens=D)).instantiate(pool)
-    seq, ext = torch.tensor([L - 1, L], dtype=torch.int32), torch.tensor([D, D], dtype=torch.int32)
-    fb = ForwardBatch(ForwardMode.DRAFT_EXTEND, 2, req_pool_indices=torch.tensor([1, 2]),
-                      req_pool_indices_cpu=torch.tensor([1, 2]), seq_lens=seq, seq_lens_cpu=seq,
-                      extend_seq_lens=ext, extend_seq_lens_cpu=ext)
-    be.init_forward_metadata(fb)
-    want = EagerFlashMLA(pool, 2, D, sm_count=be.compiled.options.sm_count,
-                         num_heads=be.compiled.options.num_heads).init_forward_metadata(fb)
-    got = be.forward_metadata
-    assert got.cache_seqlens.tolist() == want.cache_seqlens.tolist() == [L - 1, L]
-    n = -(-L // 64)
-    assert torch.equal(got.block_kv_indices[:, :n], want.block_kv_indices[:, :n])
