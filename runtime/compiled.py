@@ -131,6 +131,8 @@ class CompiledAttentionBackend(AttentionBackend):
             log.info("refused a %s batch: %s", fb.forward_mode.name.lower(), e)
             raise
         b.run_out_graph()
+        if not in_capture and b.capture is None and b.host_work:
+            self._plan_the_graph_above(b)
         if in_capture:
             b.capture = capture_record(b)
             b.engine = bind_engine(b, fb, self.device, self._word, self._guard)
@@ -146,6 +148,17 @@ class CompiledAttentionBackend(AttentionBackend):
                     self._unbacked_logged = True
         self._current = b
         self.forward_metadata = b.meta
+
+    def _plan_the_graph_above(self, b: BoundPlan) -> None:
+        """A size with no graph of its own, staged by an engine that then replays the graph of the next captured
+        size (its padding): that graph's host planners plan from this step's rows (the staging region is the
+        mode's, padded past the live rows with the fills), so they never keep an earlier batch's plan."""
+        above = [p for (m, bs), p in self._bound.items()
+                 if m is b.mode.graph_key and bs > b.bs and p.capture is not None]
+        if above:
+            up = min(above, key=lambda p: p.bs)
+            if up.host_work:
+                up.run_out_graph()
 
     def _check_drafts(self, fb) -> None:
         """A verify batch's draft tokens per request (``spec_info.draft_token_num``, where the batch says) must be

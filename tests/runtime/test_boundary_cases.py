@@ -221,3 +221,21 @@ def test_a_verify_batch_with_another_draft_count_is_refused_naming_both():
         be.init_forward_metadata(fb)
     fb.spec_info.draft_token_num = 4
     be.init_forward_metadata(fb)  # the compiled count is served
+
+
+def test_a_size_without_a_graph_plans_the_graph_an_engine_pads_it_to():
+    """An engine stages 2 live rows (no graph of 2 was captured), then replays the 4-row graph: the 4-row
+    plan's host planner planned from those rows (its host indptr: the 2 lengths, then the fill length 1 of
+    the padded rows), not from the capture batch."""
+    from tests.batches import capture, make_batch
+
+    L, rows = 64, 16
+    be = compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L)
+                         ).instantiate(make_pool(rows, L))
+    g = capture(be, make_batch(4, L, rows, seed=4, max_len=40))
+    small = make_batch(2, L, rows, seed=8)
+    be.init_forward_metadata_out_graph(small)  # the 2-row plan, compiled on demand, staged...
+    g.replay()  # ...and the 4-row graph replayed
+    s0, s1 = small.seq_lens_cpu.tolist()
+    assert be.bound(ForwardMode.DECODE, 4).meta.kv_indptr_host.tolist() == [0, s0, s0 + s1, s0 + s1 + 1,
+                                                                            s0 + s1 + 2]
