@@ -15,6 +15,7 @@ import attrs
 import torch
 
 from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Memory
+from attnmeta.compiler.lowering.kernels import k_host_call
 
 from .buffers import Buffers, allocate, view
 from .planning import Site, make_site, planner_call
@@ -38,6 +39,7 @@ class BoundPlan:
     calls: dict  # planner node -> its planner bound to its site (what out_graph calls)
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
     engine: object | None = None  # the engine buffers the captured graph reads in place (engine.Engine)
+    computes: bool = True  # out_graph computes host values besides calling planners (host fields, indptrs)
 
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
@@ -57,9 +59,10 @@ class BoundPlan:
 
     @property
     def host_work(self) -> bool:
-        """Whether a step needs out_graph's host work: values it copies into the graph, or a planner that
-        still reads host data (a planner whose work moved to the device says so: ``Site.host_free``)."""
-        return bool(self.crossing) or any(not s.host_free for s in self.sites.values())
+        """Whether a step needs out_graph's host work: host values it computes (a host indptr, a field read on
+        the host), values it copies into the graph, or a planner that still reads host data (a planner whose
+        work moved to the device says so: ``Site.host_free``)."""
+        return self.computes or bool(self.crossing) or any(not s.host_free for s in self.sites.values())
 
     @property
     def mode(self):
@@ -121,6 +124,7 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
     hooks: list = []
     sites = {s.node: make_site(s, b.mode, b.bs, backend, value, hooks) for s in b.sites}
     calls.update({s.node: planner_call(backend.planners, sites[s.node], len(s.inputs)) for s in b.sites})
+    computes = any(n.op == "call_function" and n.target is not k_host_call for n in plan.out_gm.graph.nodes)
     return BoundPlan(plan, b, Stager(slots, copies, event, device, guard), plan.out_gm.forward,
                      [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
-                     [value(a) for a in b.crossing], meta, hooks, sites, calls)
+                     [value(a) for a in b.crossing], meta, hooks, sites, calls, computes=computes)

@@ -4,6 +4,7 @@ runner's buffers runs no host work and reads the live batch, and a bad value in 
 the device and raised by the next step."""
 
 import pytest
+import torch
 
 from attnmeta.runtime import BatchError
 from tests.runtime.capture_sequence import ROWS, capture_like_sglang, serve_replayed
@@ -45,3 +46,19 @@ def test_no_aten_op_on_a_replayed_step():
     assert [e.name for e in prof.events() if e.name.startswith("aten::")] == []
     graphs[4].replay()
     assert be.forward_metadata.kv_indptr[:4].tolist() == [0, 7, 15, 24]
+
+
+def test_a_host_field_computed_by_out_graph_stays_fresh_on_replays():
+    """A spec whose out_graph computes a host value (examples/mine.py's kv_indptr_host) keeps its host work on
+    replays over the engine's buffers: the field follows every batch, it is never the capture batch's."""
+    import os
+
+    mine = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                        "mine.py") + ":SPEC"
+    be, reg, graphs, _, _ = capture_like_sglang(mine, "cpu")
+    for rows, seq in (([3, 4], [7, 9]), ([5], [11])):
+        bs = 2 if len(rows) == 2 else 1
+        be.init_forward_metadata_out_graph(reg.load(rows, seq, bs))
+        graphs[bs].replay()
+        want = [0, *torch.tensor(seq).cumsum(0).tolist()]
+        assert be.forward_metadata.kv_indptr_host[: len(rows) + 1].tolist() == want
