@@ -39,7 +39,7 @@ class BoundPlan:
     calls: dict  # planner node -> its planner bound to its site (what out_graph calls)
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
     engine: object | None = None  # the engine buffers the captured graph reads in place (engine.Engine)
-    computes: bool = True  # out_graph computes host values besides calling planners (host fields, indptrs)
+    computes: bool = True  # out_graph computes host values besides its planners' inputs (host fields a reader reads)
 
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
@@ -86,6 +86,22 @@ class BoundPlan:
             setattr(self.meta, field, val)
 
 
+def _computes(graph) -> bool:
+    """Whether out_graph computes a host value that something other than its planners reads (a host field a
+    reader takes from forward_metadata): values that only feed planner calls are the planners' inputs, which a
+    planner whose work moved to the device no longer reads."""
+    feeds_planners: set = set()
+    for n in reversed(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is k_host_call or (n.users and all(u.target is k_host_call or u in feeds_planners
+                                                         for u in n.users)):
+            feeds_planners.add(n)
+        else:
+            return True
+    return False
+
+
 def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict, guard=None) -> BoundPlan:
     """Views for every argument of ``plan``, a site for each of its planners; runs the plan's own
     constants once."""
@@ -124,7 +140,7 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
     hooks: list = []
     sites = {s.node: make_site(s, b.mode, b.bs, backend, value, hooks) for s in b.sites}
     calls.update({s.node: planner_call(backend.planners, sites[s.node], len(s.inputs)) for s in b.sites})
-    computes = any(n.op == "call_function" and n.target is not k_host_call for n in plan.out_gm.graph.nodes)
+    computes = _computes(plan.out_gm.graph)
     return BoundPlan(plan, b, Stager(slots, copies, event, device, guard), plan.out_gm.forward,
                      [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
                      [value(a) for a in b.crossing], meta, hooks, sites, calls, computes=computes)
