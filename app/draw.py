@@ -18,12 +18,13 @@ KERNEL = ["#2a7", "#27a", "#a52", "#72a", "#aa2", "#2aa"]
 W, H, GX, GY = 230, 46, 26, 38
 
 
-def svg(g: Graph, use_dot: bool = True) -> str:
+def svg(g: Graph, use_dot: bool = True, marked: frozenset[str] = frozenset()) -> str:
+    """``g`` drawn by Graphviz where it is installed, else by ``layered``; ``marked`` nodes outlined in red."""
     if use_dot and shutil.which("dot"):
-        r = subprocess.run(["dot", "-Tsvg"], input=to_dot(g), capture_output=True, text=True, timeout=60)
+        r = subprocess.run(["dot", "-Tsvg"], input=to_dot(g, marked), capture_output=True, text=True, timeout=60)
         if r.returncode == 0 and "<svg" in r.stdout:
             return r.stdout[r.stdout.index("<svg"):]
-    return layered(g)
+    return layered(g, marked=marked)
 
 
 BIG = 60  # nodes past which the report shows the graph collapsed to its kernels first
@@ -53,7 +54,7 @@ def collapse(g: Graph) -> nx.DiGraph:
     return dag
 
 
-def layered(g: Graph, collapsed: bool = False) -> str:
+def layered(g: Graph, collapsed: bool = False, marked: frozenset[str] = frozenset()) -> str:
     """Nodes in rows by dependency depth (inputs on top, outputs at the bottom), edges as arrows from a
     node's bottom to its consumer's top; ``collapsed``: one box per fused kernel (``collapse``)."""
     if collapsed:
@@ -104,8 +105,10 @@ def layered(g: Graph, collapsed: bool = False) -> str:
         else:
             fill, label, sub, tip = "#ffffff", v.removeprefix("out:"), "metadata field", ""
         stroke = color.get(kernel_of.get(v, v.removeprefix("kernel:")), "#555")
+        stroke, wide = ("red", ' stroke-width="3" class="violation"') if v in marked else (stroke, "")
         out.append(f'<g><title>{html.escape(tip)}</title><rect x="{x}" y="{y}" width="{W}" height="{H}" '
-                   f'fill="{fill}" stroke="{stroke}" rx="4"/><text x="{x + 6}" y="{y + 18}">{html.escape(label[:36])}'
-                   f'</text><text x="{x + 6}" y="{y + 34}" fill="#444">{html.escape(sub[:36])}</text></g>')
+                   f'fill="{fill}" stroke="{stroke}"{wide} rx="4"/><text x="{x + 6}" y="{y + 18}">'
+                   f'{html.escape(label[:36])}</text><text x="{x + 6}" y="{y + 34}" fill="#444">'
+                   f'{html.escape(sub[:36])}</text></g>')
     out.append("</svg>")
     return "\n".join(out)

@@ -22,13 +22,18 @@ pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px;line-height:1.
 details{margin:4px 0}summary{cursor:pointer;font-family:monospace}.add{background:#dfd}.del{background:#fdd}
 .changed{font-weight:bold}.graph{overflow-x:auto;border:1px solid #ddd;padding:4px}a.v{color:#06c}
 h2{border-bottom:1px solid #ccc}.fit:checked~.graph svg,.fit:checked~details .graph svg{max-width:100%;height:auto}
-label{font-size:13px;color:#444}"""
+label{font-size:13px;color:#444}tr.failed td{background:#fdd;font-weight:bold}"""
 
 
 def _pass_table(rows: list[dict]) -> str:
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in ("pass", "mode", "bs", "changed", "nodes", "ms", "kernels"))
     body = []
     for r in rows:
+        if r.get("failed"):  # the pass that failed: no result to count
+            body.append(f"<tr class='failed'><td>{r['pass']}</td><td>{r['mode']}</td><td class=num>"
+                        f"{'' if r['bs'] is None else r['bs']}</td><td colspan=4>failed: {html.escape(r['error'])}"
+                        "</td></tr>")
+            continue
         nodes = f"{r['nodes_before']} &rarr; {r['nodes_after']}" if r["nodes_before"] is not None else r["nodes_after"]
         cls = ' class="changed"' if r["changed"] else ""
         bs = "" if r["bs"] is None else r["bs"]
@@ -103,6 +108,15 @@ def _section(run: str, mode: str, bs: int | None) -> str:
     return f'<h3>{mode}, bs {bs}</h3>{fit}{drawn}{"".join(parts)}{code}'
 
 
+def _with_failure(data: dict) -> list[dict]:
+    """The pass rows, then the pass that failed (the table shows where the compile stopped)."""
+    f = data.get("failure")
+    rows = list(data["passes"])
+    if f:
+        rows.append({"pass": f["pass"], "mode": f["mode"], "bs": f["bs"], "failed": True, "error": f["error"]})
+    return rows
+
+
 def _failure(run: str, f: dict | None) -> str:
     """A failed compile opens on its failure: every violation (rule, node, spec line, message, fix), then
     the IR the failing pass was given, each offending node's line marked."""
@@ -126,8 +140,14 @@ def _failure(run: str, f: dict | None) -> str:
         node = next((n for n in marked if re.match(rf"\s*(input )?%{re.escape(n)}\b", line)), None)
         esc = html.escape(line)
         lines.append(f"<span id='v-{html.escape(node)}' class='del'>{esc}</span>" if node else esc)
+    drawn = ""
+    try:
+        g = parse(text)
+        drawn = f"<div class='graph'>{svg(g, marked=frozenset(marked))}</div>"  # the violations outlined in red
+    except Exception:  # noqa: BLE001 - an IR the parser refuses is still shown as text below
+        pass
     return (f"<h2 id='failure'>failed in pass {html.escape(f['pass'])} ({html.escape(where)}): "
-            f"{html.escape(f['error'])}</h2>{table}<h3>the IR {html.escape(f['pass'])} was given</h3>"
+            f"{html.escape(f['error'])}</h2>{table}<h3>the IR {html.escape(f['pass'])} was given</h3>{drawn}"
             f"<pre>{chr(10).join(lines)}</pre>")
 
 
@@ -137,7 +157,7 @@ def render(run: str) -> str:
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
            f"<p>run <code>{html.escape(run)}</code>; options: <code>{html.escape(str(data.get('options', '')))}"
-           "</code></p>", _failure(run, data.get("failure")), "<h2>passes</h2>", _pass_table(data["passes"])]
+           "</code></p>", _failure(run, data.get("failure")), "<h2>passes</h2>", _pass_table(_with_failure(data))]
     for mode in dumps.modes(run):
         out.append(f"<h2>{mode}</h2><h3>mode-generic passes</h3>{_section(run, mode, None)}")
         for bs in dumps.sizes(run, mode):

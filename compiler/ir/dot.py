@@ -19,13 +19,17 @@ def node_label(n) -> str:
     return f"%{n.name} = {n.op.value}" + (f"\\n{{{attrs}}}" if attrs else "") + f"\\n{n.type}"
 
 
-def to_dot(g: Graph) -> str:
+def to_dot(g: Graph, marked: frozenset[str] = frozenset()) -> str:
+    """The DOT text of ``g``; ``marked`` nodes or inputs (a failed check's violations) drawn with a thick red
+    border."""
     q = json.dumps
+    mark = lambda v: ", color=red, penwidth=3" if v in marked else ""  # noqa: E731
     kernel_of = g.kernel_of()
     lines = [f"digraph {q(g.name)} {{", "  rankdir=TB; compound=true; node [fontname=monospace, fontsize=9];"]
     for i in g.inputs:
         shape = "cylinder" if i.role is Role.pool else "box"
-        lines.append(f"  {q(i.name)} [shape={shape}, label={q(f'{i.name}: {i.type}')}, tooltip={q(i.origin)}];")
+        lines.append(f"  {q(i.name)} [shape={shape}, label={q(f'{i.name}: {i.type}')}, tooltip={q(i.origin)}"
+                     f"{mark(i.name)}];")
     for region in (Region.out_graph, Region.in_graph):
         nodes = [n for n in g.nodes if n.region is region]
         if not nodes:
@@ -42,7 +46,7 @@ def to_dot(g: Graph) -> str:
                 style = ", peripheries=2" if n.movable else ""
                 fill = q(REGION_COLOR[n.region])
                 lines.append(f"      {q(n.name)} [shape=box, style=filled, fillcolor={fill}{style}, "
-                             f"label={q(node_label(n))}, tooltip={q(n.origin)}];")
+                             f"label={q(node_label(n))}, tooltip={q(n.origin)}{mark(n.name)}];")
             if k:
                 lines.append("    }")
         lines.append("  }")

@@ -153,6 +153,18 @@ def test_a_failed_compile_is_dumped_inspected_and_reported(tmp_path, capsys):
     assert "<table id='violations'>" in page and "examples/mine_broken.py:26" in page
     assert page.index("id='failure'") < page.index('<table id="passes">')  # it opens on the failure
     assert "id='v-req_pool_indices' class='del'" in page and "id='v-cu_seqlens_k' class='del'" in page
+    # the pass table ends on the pass that failed, and the graph it was given outlines each violation in red
+    assert "<tr class='failed'><td>check-split</td>" in page and "failed: SplitError" in page
+    from attnmeta.app.draw import layered, svg
+    from attnmeta.compiler.ir import parse
+
+    given = parse(open(os.path.join(run, data["failure"]["ir"])).read())
+    marked = frozenset({"req_pool_indices", "cu_seqlens_k"})
+    assert layered(given, marked=marked).count('stroke="red"') == 2  # without Graphviz
+    from attnmeta.compiler.ir.dot import to_dot
+
+    assert to_dot(given, marked).count("color=red") == 2  # with it
+    assert svg(given, marked=marked) in page
     os.remove(os.path.join(run, "passes.json"))  # a compile killed before its end
     assert main(["inspect", run]) == 2
     err = capsys.readouterr().err
