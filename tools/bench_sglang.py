@@ -16,7 +16,9 @@ SGLang's own ``build_replay_fb_view`` on the runner's padded buffers + ``init_fo
 view is built before the clock starts, the same for both). The device is idle when a step starts
 (synchronized before, outside the clock). ``core`` is attnmeta's compiled backend alone on the same
 batches (its out_graph on a filled view + the same replay): the SGLang-facing layer costs
-``attnmeta - core``. Two blocks per size, SGLang first then attnmeta first; medians per side.
+``attnmeta - core``. ``floor`` is the harness with no backend in it: the same view + replaying a graph
+of one kernel, the least any backend's step can cost here; ``over`` is attnmeta's step minus it. Two
+blocks per size, SGLang first then attnmeta first; medians per side.
 
 After every timed step, outside the clock, the rows each side's kernels read are copied; at the end
 every step's copies are compared field by field (triton: SGLang's ``ForwardMetadata`` fields;
@@ -62,6 +64,7 @@ STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_
 # "flashmla" is FlashMLA (on DeepSeek-V3's 128 heads: its schedule's part count depends on them)
 OWN = {"mla": "flashinfer", "mla-device": "flashinfer"}
 MLA_MODELS = ("mla", "mla-device", "flashmla")
+CHAIN = MLA_MODELS + ("trtllm_mha",)  # kinds whose EAGLE verifies a chain (topk 1) in SGLang
 MODES = {"mla": ("verify",), "mla-device": ("verify",)}  # SGLang's FlashInfer MLA captures no draft extend graph
 PLANNER = {"mla": "host", "mla-device": "device"}
 
@@ -69,7 +72,7 @@ PLANNER = {"mla": "host", "mla-device": "device"}
 def flags(kind: str, page: int, sizes, eagle: bool) -> list[str]:
     f = ["--attention-backend", f"attnmeta_{OWN.get(kind, kind)}", "--page-size", str(page),
          "--cuda-graph-bs-decode", *map(str, sizes), "--max-running-requests", str(max(sizes) + 8)]
-    if eagle and kind in MLA_MODELS:  # FlashInfer MLA and FlashMLA verify a chain (topk 1), causal over the drafts
+    if eagle and kind in CHAIN:  # FlashInfer MLA, FlashMLA and TRT-LLM MHA verify a chain (topk 1), causal
         return f + ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps",
                     "3", "--speculative-num-draft-tokens", "4"]
     return f + ["--speculative-algorithm", "EAGLE"] if eagle else f
@@ -113,6 +116,8 @@ class Side:
             return mla_read(be, mine, self.mode, prep)
         if self.kind == "flashmla":
             return flashmla_read(be.forward_metadata, self.mode, prep)
+        if self.kind == "trtllm_mha":
+            return trtllm_read(be.forward_metadata, prep, self.runner.server.runner.page_size)
         if self.kind == "flashinfer":
             if mine:
                 md = be.forward_metadata
@@ -163,6 +168,15 @@ def flashmla_read(md, mode: str, prep) -> dict:
     return out
 
 
+def trtllm_read(md, prep, P: int) -> dict:
+    """What TRT-LLM MHA's kernel reads: each live row's key length, the pages its keys cover, the query and key
+    indptrs and the longest query."""
+    keys = md.cache_seqlens_int32[: prep.live]
+    return {"keys": keys.clone(), "max_q": int(md.max_seq_len_q),
+            "pages": torch.cat([md.page_table[i, : -(-k // P)] for i, k in enumerate(keys.tolist())]).clone(),
+            **{f: getattr(md, f)[: prep.live + 1].clone() for f in ("cu_seqlens_q", "cu_seqlens_k")}}
+
+
 def load(runner, mode: str, prep):
     """What SGLang's graph runner does before it calls the backend: the batch copied into the buffers the
     graph was captured on (rows, lengths and their host mirror, draft extend's lengths; the tree mask into
@@ -201,6 +215,30 @@ def core_step(backend, runner, mode, prep) -> float:
     backend.attnmeta.init_forward_metadata_out_graph(v)
     g.replay()
     return time.perf_counter() - t0
+
+
+class Floor:
+    """The harness's floor: the step's view (built as SGLang's runner builds it) + the replay of a graph that
+    records one kernel, no backend called."""
+
+    def __init__(self, runner: Runners, mode: str):
+        from attnmeta.runtime import new_graph
+
+        self.runner, self.mode, self.graphs = runner, mode, {}
+        self.x = torch.zeros(1, device=runner.server.device)
+        for bs in runner.sizes:
+            g = new_graph(torch.device(runner.server.device))
+            with g.capture():
+                self.x.add_(1)
+            self.graphs[bs] = g
+
+    def step(self, prep) -> float:
+        g = self.graphs[prep.bs]
+        make = load(self.runner, self.mode, prep)
+        t0 = time.perf_counter()
+        make()
+        g.replay()
+        return time.perf_counter() - t0
 
 
 def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: random.Random) -> list:
@@ -250,9 +288,10 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
             r.capture(lambda bs, r=r: make(bs, r), mode)
         sides.append(Side(name, be, r, mode, kind))
     rows = []
+    floor = Floor(sides[1].runner, mode)
     for bs in [x for x in sizes if x in sides[0].runner.sizes]:
         preps = prepare(s, mode, bs, iters, sides[0].runner.fill, D, rng)
-        t = {"sglang": [], "attnmeta": [], "core": []}
+        t = {"sglang": [], "attnmeta": [], "core": [], "floor": []}
         reads = {"sglang": [], "attnmeta": []}
         with s.active():
             for order in (sides, sides[::-1]):
@@ -267,9 +306,11 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
                 for p in preps:
                     SYNC()
                     t["core"].append(core_step(ours_be, sides[1].runner, mode, p))
+                    SYNC()
+                    t["floor"].append(floor.step(p))
         med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
         half = {k: (statistics.median(v[:iters]) * 1e6, statistics.median(v[iters:]) * 1e6)
-                for k, v in t.items() if k != "core"}
+                for k, v in t.items() if k not in ("core", "floor")}
         ok = sum(equal(a, b) for a, b in zip(reads["sglang"], reads["attnmeta"], strict=True))
         if kind.startswith("mla"):  # which half differs, if any: the indices or FlashInfer's plan words
             pairs = list(zip(reads["sglang"], reads["attnmeta"], strict=True))
@@ -277,7 +318,8 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
             print(f"  mla {mode} bs {bs}: kv_indices equal {same['kv_indices']}, plan words equal {same['plan']}",
                   flush=True)
         rows.append(dict(kind=kind, page=s.runner.page_size, mode=mode, bs=bs, sglang_us=med["sglang"],
-                         attnmeta_us=med["attnmeta"], core_us=med["core"], by_order=half,
+                         attnmeta_us=med["attnmeta"], core_us=med["core"], floor_us=med["floor"],
+                         over_us=med["attnmeta"] - med["floor"], by_order=half,
                          ratio=med["sglang"] / med["attnmeta"], layer_us=med["attnmeta"] - med["core"],
                          equal=ok, steps=len(preps)))
         print(table_row(rows[-1]), flush=True)
@@ -306,11 +348,12 @@ def profile(side: Side, preps: list, what: str) -> None:
 
 def table_row(r: dict) -> str:
     return (f"| {r['kind']} | {r['page']} | {r['mode']} | {r['bs']} | {r['sglang_us']:.0f} | {r['attnmeta_us']:.0f} "
-            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['ratio']:.1f}x | {r['equal']}/{r['steps']} |")
+            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['floor_us']:.0f} | {r['over_us']:+.0f} "
+            f"| {r['ratio']:.1f}x | {r['equal']}/{r['steps']} |")
 
 
-HEADER = ("| kind | page | mode | bs | SGLang's own µs | attnmeta µs | core µs | layer µs | SGLang / attnmeta "
-          "| equal steps |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| kind | page | mode | bs | SGLang's own µs | attnmeta µs | core µs | layer µs | floor µs | over floor µs "
+          "| SGLang / attnmeta | equal steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def save(path: str | None, rows: list[dict]) -> None:
@@ -324,7 +367,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default="triton,flashinfer",
                     help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2), mla-device (the same, its partition "
-                    "planned in the graph), flashmla (FlashMLA, pages of 64: --pages 64 --eagle-pages 64)")
+                    "planned in the graph), flashmla (FlashMLA, pages of 64: --pages 64 --eagle-pages 64), "
+                    "trtllm_mha (TRT-LLM MHA's metadata; pages of 16, 32 or 64)")
     ap.add_argument("--pages", default="1,16")
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")

@@ -13,7 +13,8 @@
 #   initrace  compute-sanitizer initcheck and racecheck over the staging, guard and graph tests
 #   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
 #   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
-#             own triton and flashinfer at pages 1 and 16, every step compared, about 3
+#             own triton and flashinfer at pages 1 and 16 and TRT-LLM MHA at 16, every step compared, about 4
+#   replaymla the same for FlashInfer MLA (its partition planned on the GPU) and FlashMLA, about 2
 #   enginetime  SGLang's real engine, one engine at a time: decode (triton page 1) and EAGLE topk 4, SGLang's own
 #             backend and attnmeta's in both orders (tokens per second of a warm 128-token decode), about 6
 set -uo pipefail
@@ -62,7 +63,14 @@ for stage in "$@"; do
       summary "$OUT/replay.log"
       python3 tools/bench_sglang.py --kinds triton,flashinfer --pages 1,16 --iters 60 --json "$OUT/replay.json" \
         > "$OUT/replay-bench.log" 2>&1
-      grep "^|" "$OUT/replay-bench.log" ;;
+      grep "^|" "$OUT/replay-bench.log"
+      python3 tools/bench_sglang.py --kinds trtllm_mha --pages 16 --eagle-pages 16 --iters 40 \
+        --json "$OUT/replay-trtllm.json" > "$OUT/replay-trtllm.log" 2>&1
+      grep "^|" "$OUT/replay-trtllm.log" | tail -n +3 ;;
+    replaymla)
+      python3 tools/bench_sglang.py --kinds mla-device,flashmla --pages 1 --iters 40 --json "$OUT/replay-mla.json" \
+        > "$OUT/replay-mla.log" 2>&1
+      grep "^|" "$OUT/replay-mla.log" ;;
     enginetime)
       export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
       export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
@@ -75,7 +83,7 @@ for stage in "$@"; do
           sum(v.get('verify_rounds') or [0]), v.get('error', '')) for k, v in d.items()]" "$f"
       done ;;
     *)
-      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay or enginetime" >&2; exit 2 ;;
+      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla or enginetime" >&2; exit 2 ;;
   esac
   echo "== $stage done at $(since)"
 done
