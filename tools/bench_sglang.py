@@ -241,6 +241,19 @@ class Floor:
         return time.perf_counter() - t0
 
 
+def trtllm_counter_standin() -> None:
+    """SGLang's TRT-LLM backends size a persistent multi-CTA counter buffer with a FlashInfer helper that
+    FlashInfer 0.6.4 lacks. Where it is missing, stand it in (one int32 per SM, row and head: a size, no
+    kernel) and say so: the buffer is allocated at ``__init__`` and only trtllm-gen's attention kernel
+    (Blackwell) reads it; no metadata step does."""
+    import flashinfer.utils as fu
+
+    if not hasattr(fu, "get_trtllm_gen_multi_ctas_kv_counter_bytes"):
+        fu.get_trtllm_gen_multi_ctas_kv_counter_bytes = lambda bs, heads, sms: 4 * bs * heads * sms
+        print("stand-in: flashinfer.utils.get_trtllm_gen_multi_ctas_kv_counter_bytes (missing from this "
+              "FlashInfer; sizes a buffer only Blackwell's attention kernel reads)", flush=True)
+
+
 def prepare(s: Server, mode: str, bs: int, n: int, fill: int, width: int, rng: random.Random) -> list:
     """``n`` batches of ``bs`` live rows, with the runner's padded buffers and the view built per step."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -390,6 +403,8 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name() if a.device == "cuda" else "CPU smoke run, emulated graphs: not GPU times"
     print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)
     for kind in a.kinds.split(","):
+        if kind == "trtllm_mha" and a.device == "cuda":
+            trtllm_counter_standin()
         for page in ints(a.pages):
             model = dict(model="deepseek-h128" if kind == "flashmla" else "deepseek") if kind in MLA_MODELS else {}
             os.environ["ATTNMETA_PLANNER"] = PLANNER.get(kind, "device")
