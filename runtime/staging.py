@@ -155,6 +155,16 @@ class Stager:
         self.fast = generate(self)
 
     def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
+        try:
+            self._stage(fb, bs, raw, capture)
+        except BatchError:
+            # a refused step may have written some live rows before the bad one: every row past the next
+            # step's live ones is padded again, so no graph reads this batch's rows as padding
+            for s in self.slots:
+                s.dirty[0] = len(s.full)
+            raise
+
+    def _stage(self, fb, bs: int, raw: int, capture: bool) -> None:
         ev = self.event[0]
         if ev is not None:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it

@@ -9,7 +9,10 @@ a segfault or abort there fails the test that started it, with the seed hypothes
 
 Boundaries: batches (each field's dtype, shape, stride, range, NaN/inf, padding count, mode) into a
 compiled backend; SGLang-style replay views (``num_padding``, ``actual_forward_mode``) through the
-integration's ``BatchView``; specs (slices, fills, divisors, kinds); ``.ir`` text; CLI options.
+integration's ``BatchView``; a graph runner's own buffers (a plan captured on them reads them in place:
+steps on views backed by them and on views of other tensors, interleaved, with bad values among them,
+which the step or the next one raises); specs (slices, fills, divisors, kinds); ``.ir`` text; CLI
+options.
 """
 
 from __future__ import annotations
@@ -139,6 +142,68 @@ def _interp_inputs(fb, bs):
     return interp_inputs(fb, bs, _pool(), {"seq_lens": 1, "seq_lens_cpu": 1, "req_pool_indices": 0})
 
 
+# one step on a graph runner's buffers: (live rows, on the runner's buffers or fresh tensors, which value is bad)
+ENGINE_STEPS = st.lists(st.tuples(st.integers(1, MAX_BS), st.booleans(),
+                                  st.sampled_from(["", "", "", "row", "negative row", "length"]),
+                                  st.integers(0, 2 ** 16)), min_size=1, max_size=8)
+BAD = {"row": ("rows", ROWS), "negative row": ("rows", -1), "length": ("seq", L + 1)}  # a length of 0 is served
+
+
+def check_engine(name: str, steps) -> None:
+    """A plan captured as SGLang's runner captures (one set of buffers for every size, largest first) and
+    replayed on them, or on a view of other tensors: a good step's metadata is the twin's on the padded
+    batch; a bad value is raised by its own step or the next one, and never served silently after that."""
+    import random
+
+    from attnmeta.runtime import new_graph
+
+    be = _compiled()[name].instantiate(_pool())
+    seq_b, rows_b = torch.ones(MAX_BS, dtype=torch.int64), torch.zeros(MAX_BS, dtype=torch.int64)
+    seq_cpu_b, graphs = torch.ones(MAX_BS, dtype=torch.int64), {}
+    for bs in sorted(SIZES, reverse=True):
+        v = ReplayView(bs, ForwardMode.DECODE, ForwardMode.DECODE, 0, req_pool_indices=rows_b[:bs],
+                       seq_lens=seq_b[:bs], seq_lens_cpu=seq_cpu_b[:bs])
+        be.init_forward_metadata_out_graph(v, in_capture=True)
+        g = graphs[bs] = new_graph("cpu")
+        with g.capture():
+            be.init_forward_metadata_in_graph(v)
+    pending = False  # a bad value served by the last step, which this one must raise
+    for n, backed, bad, seed in [*steps, (1, True, "", 0)]:
+        COUNT["cases"] += 1
+        rng = random.Random(seed)
+        bs = min(s for s in SIZES if s >= n)
+        vals = {"rows": [rng.randint(1, ROWS - 1) for _ in range(n)], "seq": [rng.randint(1, L) for _ in range(n)]}
+        if bad:
+            field, value = BAD[bad]
+            vals[field][rng.randrange(n)] = value
+        rows, seq = torch.tensor(vals["rows"]), torch.tensor(vals["seq"])
+        if backed:  # the runner's copies into its buffers, padding past the live rows
+            for buf, live, fill in ((rows_b, rows, 0), (seq_b, seq, 1), (seq_cpu_b, seq, 1)):
+                buf.fill_(fill)
+                buf[:n] = live
+            v = ReplayView(bs, ForwardMode.DECODE, ForwardMode.DECODE, n, req_pool_indices=rows_b[:bs],
+                           seq_lens=seq_b[:bs], seq_lens_cpu=seq_cpu_b[:bs])
+        else:
+            v = ReplayView(bs, ForwardMode.DECODE, ForwardMode.DECODE, n, req_pool_indices=rows.clone(),
+                           seq_lens=seq.clone(), seq_lens_cpu=seq.clone())
+        try:
+            be.init_forward_metadata_out_graph(v)
+        except UserError:
+            pending = False  # raised: this step's bad value, or the last step's
+            continue
+        assert not pending, (name, "a bad value of the last step was not raised", steps)
+        graphs[bs].replay()
+        pending = bool(bad)
+        if bad:
+            continue
+        COUNT["accepted"] += 1
+        clean = padded(ForwardBatch(ForwardMode.DECODE, n, req_pool_indices=rows, seq_lens=seq.int(),
+                                    seq_lens_cpu=seq.int()), bs)
+        twin = get_eager(name)(_pool(), MAX_BS) if name != "flashattention" else get_eager(name)(_pool(), MAX_BS, 1)
+        assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(clean), clean.seq_lens_cpu, 1)
+    assert not pending, (name, "the last bad value was never raised", steps)
+
+
 IR_EDITS = st.lists(st.tuples(st.integers(0, 4000), st.sampled_from(['"\\q"', "%", "[", "]", "(", "bs", "-1", "@",
                                                                      "i32", "{", "}", "\n", ",", "x", '"', "\\"])),
                     max_size=4)
@@ -217,6 +282,8 @@ def run(profile: str) -> int:
                    suppress_health_check=list(HealthCheck))
     for name in ("triton", "flashinfer", "flashattention"):
         cfg(given(st.just(name), batches())(check_batch))()
+    for name in ("triton", "flashinfer", "flashattention"):
+        settings(cfg, max_examples=max(n // 20, 20))(given(st.just(name), ENGINE_STEPS)(check_engine))()
     cfg(given(IR_EDITS)(check_ir))()
     cfg(given(SPEC_ARGS)(check_spec))()
     settings(cfg, max_examples=max(n // 20, 20))(given(CLI_ARGS)(check_cli))()

@@ -55,6 +55,30 @@ def test_out_of_range_values_are_refused_and_the_next_batch_served(compiled, fie
     _serves_next(be, compiled)
 
 
+def test_a_refused_batch_leaves_no_rows_behind_as_padding(compiled):
+    """A batch refused at its third row has had its first rows staged: a smaller batch padded to the same size
+    next must read the fill in its padding rows, not the refused batch's rows (a stale row there reads
+    another request's keys)."""
+    be = compiled.instantiate(make_pool(ROWS, L))
+    one = good(seed=4, raw=1)
+    be.init_forward_metadata(one)  # the rows past the first now hold the fill: nothing to pad next time
+    fb = good(raw=BS)
+    rows = fb.req_pool_indices_cpu.to(torch.int64).clone()
+    rows[BS - 1] = ROWS  # refused at the last row, after the others were staged
+    fb.req_pool_indices_cpu = rows
+    with pytest.raises(BatchError, match="is not a request row"):
+        be.init_forward_metadata(fb)
+    view = ReplayView(BS, ForwardMode.DECODE, ForwardMode.DECODE, 1, req_pool_indices=one.req_pool_indices,
+                      req_pool_indices_cpu=one.req_pool_indices_cpu, seq_lens=one.seq_lens,
+                      seq_lens_cpu=one.seq_lens_cpu)
+    be.init_forward_metadata(view)
+    g = compiled.plan(ForwardMode.DECODE, BS).graph
+    want = eval_graph(g, padded_inputs(g, one, BS, {"req_to_token": be.pools["req_to_token"]}))
+    n = int(want["kv_indptr"][-1])
+    assert torch.equal(be.forward_metadata.kv_indptr, want["kv_indptr"])
+    assert torch.equal(be.forward_metadata.kv_indices[:n], want["kv_indices"][:n])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bool])
 def test_float_nan_and_bool_lengths_are_refused(compiled, dtype):
     be = compiled.instantiate(make_pool(ROWS, L))
