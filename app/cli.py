@@ -21,24 +21,12 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-import attrs
-
-from attnmeta.compiler import (
-    GENERIC_PASSES,
-    PER_BS_PASSES,
-    CompileOptions,
-    InternalError,
-    OptionsError,
-    UserError,
-    compile_backend,
-    list_backends,
-)
+# the compiler (and torch) load when a command runs, not to parse its arguments: --help and inspect stay fast
+from attnmeta.compiler.ir.errors import InternalError, OptionsError, UserError
 
 from . import inspect as dumps
+from .names import BACKENDS, MODES, PASSES
 from .table import table
-
-PASSES = [*GENERIC_PASSES, *PER_BS_PASSES]
-MODES = ["decode", "idle", "target_verify", "draft_extend", "extend"]
 
 
 def writable_dir(d: str) -> str:
@@ -66,6 +54,9 @@ def _loop(items, what: str, unit: str):
 
 
 def cmd_compile(a) -> int:
+    import attrs
+
+    from attnmeta.compiler import CompileOptions, compile_backend
     from attnmeta.compiler.instruments import Instrument, PrintIR
 
     dump = a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR") or ("attnmeta-dumps" if a.report else None)
@@ -317,8 +308,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"attnmeta {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_OneLine)
     c = sub.add_parser("compile", help="compile a backend spec ahead of serving", formatter_class=fmt)
-    c.add_argument("backend", help=f"a backend ({', '.join(list_backends())}), or your spec as pkg.module:SPEC "
-                                   "or path/to/file.py:SPEC")
+    c.add_argument("backend", help=f"a backend ({', '.join(BACKENDS)}; or another installed package's), or your "
+                                   "spec as pkg.module:SPEC or path/to/file.py:SPEC")
     c.add_argument("--modes", nargs="+", default=["decode", "idle"], choices=MODES, help="forward modes to compile")
     c.add_argument("--max-bs", type=int, default=256, help="the largest batch; static buffers are sized for it")
     c.add_argument("--capture-sizes", type=int, nargs="+", help="batch sizes to compile for capture "
@@ -371,7 +362,7 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_inspect)
     d = sub.add_parser("demo", help="a serving loop, every step checked against the eager twin and a pool oracle",
                        formatter_class=fmt)
-    d.add_argument("--backend", default="flashinfer", choices=list_backends(),
+    d.add_argument("--backend", default="flashinfer", choices=BACKENDS,
                    help="the backend whose metadata the loop's attention reads; multistep_* and "
                         "flashattention_draft run the EAGLE drafter's steps")
     d.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")

@@ -351,3 +351,33 @@ def test_inspect_lists_runs_and_keeps_the_newest(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "triton"), "--keep", "1"]) == 0
     assert sorted(d.name for d in (tmp_path / "triton").iterdir() if d.name.startswith("run-")) == runs[-1:]
     assert main(["inspect", str(tmp_path / "triton")]) == 0  # latest still resolves
+
+
+def test_the_names_the_command_line_offers_are_the_compilers():
+    """--help and inspect answer before the compiler loads, from app/names.py: the same passes, in pipeline
+    order, and the same built-in backends as the compiler's registry."""
+    from attnmeta.app.names import BACKENDS, PASSES
+    from attnmeta.backends import SPECS
+
+    assert PASSES == [*GENERIC_PASSES, *PER_BS_PASSES]
+    assert BACKENDS == sorted(SPECS)
+
+
+def _imports_torch(argv: list[str]) -> bool:
+    """Whether running ``attnmeta ARGV`` in a fresh interpreter imported torch."""
+    code = ("import sys\nfrom attnmeta.app.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n"
+            "    pass\nprint('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_help_and_inspect_never_load_torch(tmp_path):
+    """The commands a newcomer runs first answer at once: --help of every command, and reading a run's dumps
+    (its pass table and diffs), load no torch (seconds on a small machine); compiling does."""
+    for argv in (["--help"], ["compile", "--help"], ["inspect", "--help"], ["demo", "--help"], ["bench", "--help"]):
+        assert not _imports_torch(argv), argv
+    main(["compile", "triton", "--max-bs", "4", "--dump-dir", str(tmp_path)])
+    assert not _imports_torch(["inspect", str(tmp_path)])
+    assert not _imports_torch(["inspect", str(tmp_path), "--diff", "--mode", "decode"])
+    assert _imports_torch(["compile", "triton", "--max-bs", "2"])  # the check can fail: compiling loads it
