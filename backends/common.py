@@ -10,12 +10,13 @@ def seq_bound(headroom: int) -> str | None:
     return f"L - {headroom}" if headroom else None
 
 
-def decode_inputs(b: SpecBuilder, headroom: int = 0) -> tuple[V, V, V]:
+def decode_inputs(b: SpecBuilder, headroom: int = 0, hi: str | None = None) -> tuple[V, V, V]:
     """(seq_lens, req_pool_indices, req_to_token). Padded rows are sequences of length 1 that
     read pool row 0, which is reserved and all zero; both are staged from their host mirrors.
-    ``headroom``: columns a step reads past seq_lens (verify drafts): longer sequences are refused."""
+    ``headroom``: columns a step reads past seq_lens (verify drafts): longer sequences are refused.
+    ``hi``: the bound written out instead, when it depends on the row (``"L - D + extend_seq_lens"``)."""
     seq_lens = b.input("seq_lens", DType.int32, ["bs"], fill=1, mirror="seq_lens_cpu", kind=Kind.length,
-                       hi=seq_bound(headroom))
+                       hi=hi if hi is not None else seq_bound(headroom))
     rpi = b.input("req_pool_indices", DType.int64, ["bs"], fill=0, mirror="req_pool_indices_cpu", kind=Kind.row)
     req_to_token = b.pool("req_to_token", DType.int32, ["R", "L"])
     return seq_lens, rpi, req_to_token

@@ -24,13 +24,20 @@ PAGE = 64  # FlashMLA's page size
 
 def headroom(mode: ForwardMode, options: CompileOptions) -> int:
     """Keys past seq_lens: verify's D drafts; draft extend's window of D after at least one accepted
-    token (seq - extend + D <= L)."""
+    token (seq - extend + D <= L): a sequence up to L - (D - 1) is served whatever its extend length,
+    a longer one when its extend length covers the window (the bound ``build`` declares per row)."""
     return options.num_draft_tokens - 1 if mode.is_draft_extend() else verify_headroom(mode, options)
+
+
+# draft extend reads seq - extend + D keys: the bound follows each row's own extend length, as SGLang's does
+# (lengths L and L - 1 at a context of L are served after a full window of D accepted tokens)
+DRAFT_EXTEND_KEYS = "L - D + extend_seq_lens"
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashmla.{mode.name.lower()}")
-    seq_lens, rpi, req_to_token = decode_inputs(b, headroom(mode, options))
+    seq_lens, rpi, req_to_token = decode_inputs(b, headroom(mode, options),
+                                                hi=DRAFT_EXTEND_KEYS if mode.is_draft_extend() else None)
     D = options.num_draft_tokens
     q = D if mode.is_target_verify() or mode.is_draft_extend() else 1  # query tokens per request
     ext = extend_lens(b, hi="D") if mode.is_draft_extend() else None

@@ -72,6 +72,10 @@ def source(stager) -> str:
     for i, s in enumerate(stager.slots):
         f, c, p, d = _slot_lines(i, s)
         fetch, copy, pad, late = fetch + f, copy + c, pad + p, late + d
+    for k, j, bound, _ in stager.relations:  # a per-row bound between two host slots: the general path explains
+        n = f"raw * {stager.slots[k].per_row}" if stager.slots[k].per_row > 1 else "raw"
+        copy += [f"if a{k}.is_cpu and a{j}.is_cpu and (SN{k}[:{n}].astype(I64) - SN{j}[:{n}]).max() > {bound}:",
+                 "    return general(fb, bs, raw, capture)"]
     guarded = any(s.dev is not None and not s.full_range for s in stager.slots)
     body += ["try:", *("    " + x for x in fetch),
              "except (AttributeError, IndexError, TypeError):  # a field missing, a list, a 0-d tensor",
@@ -87,7 +91,7 @@ def source(stager) -> str:
 
 def generate(stager):
     """The generated staging function of ``stager``'s plan, its constants bound."""
-    ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero,
+    ns = {"T": torch.Tensor, "memmove": ctypes.memmove, "count_nonzero": np.count_nonzero, "I64": np.int64,
           "general": stager.stage, "GUARD": stager.guard_fast, "EVENT": stager.event,
           "COPY": torch.Tensor.copy_, "HFLAG": stager.guard.host_np,
           "DEVICE": stager.device.index if stager.device.type == "cuda" else -1}

@@ -152,6 +152,10 @@ class Stager:
         self.guarded: list[tuple] = []  # this step's device-only checked fields, for in_graph
         self.recorded: list[tuple] | None = None  # what the captured graph checks (set at capture)
         self._recorded_ids: frozenset = frozenset()
+        by_source = {s.source: k for k, s in enumerate(slots)}
+        # per-row bounds between two slots: (slot, other slot, bound of slot - other, the spec's bound said)
+        self.relations = [(k, by_source[s.slot.relation[0]], *s.slot.relation[1:]) for k, s in enumerate(slots)
+                          if s.slot.relation is not None]
         self.fast = generate(self)
 
     def stage(self, fb, bs: int, raw: int, capture: bool = False) -> None:
@@ -169,8 +173,8 @@ class Stager:
         if ev is not None:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
         self.guard.raise_pending()  # what the device checks of an earlier step found
-        late = []
-        for s in self.slots:
+        late, hosted = [], {}
+        for k, s in enumerate(self.slots):
             name, src = self._source(fb, s, raw)
             live, total = raw * s.per_row, bs * s.per_row
             if src is None:
@@ -190,6 +194,7 @@ class Stager:
             if src.is_cpu:
                 if live:
                     s.write(src, live, capture, name)
+                    hosted[k] = name
             elif s.dev is None:
                 raise BatchError(f"{name} must be a host tensor: the spec reads it on the host")
             elif src.device != self.device:
@@ -199,6 +204,9 @@ class Stager:
             else:
                 late.append((s, src.reshape(-1)[:live], live, total, s.device_field or s.source))
             s.pad(live, total)
+        for k, j, bound, said in self.relations:
+            if k in hosted and j in hosted:
+                self._check_relation(k, j, bound, said, raw, hosted)
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
         self._guard_device_fields(late, raw, capture)
@@ -206,6 +214,19 @@ class Stager:
             if ev is None:  # Event.record() with no stream looks the stream up: 5x the cost of recording
                 self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
             self.event[0].record(self.event[1])
+
+    def _check_relation(self, k: int, j: int, bound: int, said: str, raw: int, names: dict) -> None:
+        """A per-row bound between two staged slots (a draft extend's keys, seq - extend + D, fit L): checked on
+        the host values just staged; from the device only each value's own range is (no sync)."""
+        a, b = self.slots[k], self.slots[j]
+        n = raw * a.per_row
+        d = a.np[:n].astype(np.int64) - b.np[:n]
+        bad = np.nonzero(d > bound)[0]
+        if bad.size:
+            r = int(bad[0])
+            raise BatchError(f"{names[k]}[{r}] = {int(a.np[r])} with {names[j]}[{r}] = {int(b.np[r])}: the row is "
+                             f"past its bound {said} (the keys it reads would not fit the context); "
+                             f"{a.slot.fix}")
 
     def _guard_device_fields(self, late: list, raw: int, capture: bool) -> None:
         """Device-only fields after the packed copy: unchecked ones copied, checked ones fed to the guard

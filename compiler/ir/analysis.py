@@ -56,11 +56,11 @@ def _index_roles(g: Graph) -> dict[str, set[str]]:
     return roles
 
 
-def _input_range(i, env: dict[str, int], roles: set[str]) -> Interval:
+def _input_range(i, env: dict[str, int], roles: set[str], inputs: dict) -> Interval:
     """A length's declared bound (or L for a value used as a length); anything else unknown: the
     analysis claims an overflow only where the values are known."""
     if i.role is Role.batch and (i.kind is Kind.length or i.kind is Kind.value and "length" in roles):
-        hi = i.hi if i.hi is not None else SYMBOLS["L"]
+        hi = i.upper(inputs) if i.hi is not None else SYMBOLS["L"]  # a per-row bound at its largest
         v = sympy.sympify(sympy.sympify(hi).xreplace({SYMBOLS[k]: x for k, x in env.items() if k in SYMBOLS}))
         top = int(v) if v.is_Integer else None
         return min(0, i.fill or 0), None if top is None else max(top, i.fill or 0)
@@ -102,7 +102,8 @@ def value_ranges(g: Graph, roles: dict[str, set[str]] | None = None) -> dict[str
             return None, None
         return None if lo is None else min(0, lo * m), None if hi is None else max(0, hi * m)
 
-    r: dict[str, Interval] = {i.name: _input_range(i, env, roles.get(i.name, set())) for i in g.inputs}
+    named = {i.name: i for i in g.inputs}
+    r: dict[str, Interval] = {i.name: _input_range(i, env, roles.get(i.name, set()), named) for i in g.inputs}
     for n in g.nodes:
         a, ins = n.a, [r.get(x, (None, None)) for x in n.inputs]
         if n.op is Op.full:

@@ -104,6 +104,25 @@ class Input:
         """The ForwardBatch field the runtime stages this input from."""
         return self.mirror or self.name
 
+    @property
+    def relation(self) -> tuple[str, Dim] | None:
+        """``(other, bound)`` when ``hi`` names another batch input: a per-row bound, ``self[r] - other[r] <=
+        bound`` (``hi="L - D + extend_seq_lens"``: a draft extend's keys, seq - extend + D, fit L)."""
+        if self.hi is None or not isinstance(self.hi, sympy.Expr):
+            return None
+        named = sorted((s for s in self.hi.free_symbols if s.name not in SYMBOLS), key=lambda s: s.name)
+        return (named[0].name, sympy.expand(self.hi - named[0])) if named else None
+
+    def upper(self, inputs: dict[str, Input]) -> Dim | None:
+        """``hi`` as one bound for every row: a relation's other input at its own largest value (its ``hi``, else
+        L), what range checks, narrowing and the value analysis use."""
+        rel = self.relation
+        if rel is None:
+            return self.hi
+        other = inputs.get(rel[0])
+        top = other.hi if other is not None and other.hi is not None else SYMBOLS["L"]
+        return sympy.expand(rel[1] + top)
+
 
 @attrs.frozen
 class Node:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sympy
+from attrs import evolve as attrs_evolve
 
 from .errors import Diagnostic, UserError
 from .graph import Graph, Kind, Role
@@ -60,6 +61,7 @@ def verify(g: Graph) -> Graph:
                             "compute indptrs and totals in the graph")
         if i.kind is not Kind.value and i.type.dtype.value not in ("i32", "i64"):
             problems.append(f"input %{i.name} of kind {i.kind.value} must be an integer, got {i.type}")
+        problems += _relation_problems(i, g)
     for n in g.nodes:
         where = _where(n.origin)
         if n.name in types:
@@ -100,6 +102,27 @@ def verify(g: Graph) -> Graph:
     if problems:
         raise VerifyError(g.name, sorted(set(problems), key=problems.index))
     return g
+
+
+def _relation_problems(i, g: Graph) -> list[str]:
+    """A bound naming another input (``hi="L - D + extend_seq_lens"``) is a per-row bound between two lengths
+    of the same rows: one other batch input, added once, itself bounded by a number."""
+    rel = i.relation
+    if rel is None:
+        return []
+    other = next((j for j in g.inputs if j.name == rel[0]), None)
+    named = [s.name for s in i.hi.free_symbols if s.name not in SYMBOLS]
+    where = f"input %{i.name}'s bound hi={i.hi}"
+    if other is None:
+        return [f"{where} names {rel[0]!r}, which is not an input of this graph (a bound names symbols "
+                f"{sorted(SYMBOLS)} or one other batch input)"]
+    if len(named) > 1 or any(s.name == rel[0] for s in rel[1].free_symbols):
+        return [f"{where}: a per-row bound adds one other input once (like 'L - D + {rel[0]}')"]
+    if i.kind is not Kind.length or other.kind is not Kind.length or other.role is not Role.batch:
+        return [f"{where}: a per-row bound relates two lengths of the batch (kind=length both)"]
+    if other.relation is not None or not _same_type(i.type, attrs_evolve(other.type, dtype=i.type.dtype)):
+        return [f"{where}: {rel[0]!r} must have one value per row like {i.name!r} and a bound of its own"]
+    return []
 
 
 def _per_row(t: TensorType) -> bool:

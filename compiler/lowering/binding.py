@@ -112,6 +112,10 @@ class Slot:
     hi: sympy.Expr  # may name R (pool rows) and N (KV slots): bound at instantiate
     why: str  # where hi comes from, for the error
     fix: str = ""  # what to change when a value is past hi
+    # a per-row bound beside hi: (the other slot's source, b) with value[r] - other[r] <= b (a draft extend's
+    # keys, seq - extend + D, fit L); checked where both are staged from the host
+    relation: tuple[str, int, str] | None = attrs.field(default=None, converter=lambda r: None if r is None else
+                                                         (r[0], int(r[1]), r[2]))  # (+ the spec's bound, said)
 
     def bounds(self, env: dict[str, int]) -> tuple[int, int]:
         """(lo, hi) with the pool sizes bound; an unbound N (no slot table) leaves the dtype's max."""
@@ -151,7 +155,8 @@ class Binding:
         """Everything the runtime binds, one line each: what a reader checks against the code."""
         lines = [f"binding {self.graph} (mode {self.mode.name.lower()}, bs {self.bs})"]
         lines += [f"  slot {s.source} <- fill {s.fill}, {s.kind.value} in [{s.lo}, {s.hi}], {s.per_row}/row"
-                  f"{_where(s.host)}{' + device' if s.dev else ''}" for s in self.slots]
+                  f"{_where(s.host)}{' + device' if s.dev else ''}"
+                  f"{f', minus {s.relation[0]} at most {s.relation[1]}' if s.relation else ''}" for s in self.slots]
         lines += [f"  copy {d.nbytes} bytes {h.space.value}@{h.offset} -> {d.space.value}@{d.offset}"
                   for d, h in self.copies]
         for label, args in (("out_graph", self.out_args), ("in_graph", self.in_args), ("const", self.const_args)):

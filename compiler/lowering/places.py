@@ -104,6 +104,7 @@ class Places:
     # --- staging ---
     def slots(self) -> tuple[Slot, ...]:
         out = []
+        slot_of = {v: b.name for b in self.g.buffers if b.space is Space.staging for v in b.values}
         for b in (b for b in self.g.buffers if b.space is Space.staging):
             ins = [self.inputs[v] for v in b.values]
             dev = next((i for i in ins if not i.type.placement.on_host), None)
@@ -113,12 +114,19 @@ class Places:
             base = self.base[Space.staging.value] + b.offset
             host = Span(Memory.staging_host, base, first.type.dtype.torch, (n,))
             kind = next((i.kind for i in ins if i.kind is not Kind.value), Kind.value)
-            declared = next((i.hi for i in ins if i.hi is not None), None)
+            declared = next((i.upper(self.inputs) for i in ins if i.hi is not None), None)
             lo, hi, why, fix = self._bounds(kind, declared, first)
+            rel_in = next((i for i in ins if i.relation is not None), None)
+            rel = None if rel_in is None else rel_in.relation
             out.append(Slot(b.name, dev.name if dev is not None and dev.name != b.name else None, host,
                             None if dev is None else Span(Memory.staging_dev, base, host.dtype, (n,)),
-                            per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why, fix))
+                            per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why, fix,
+                            None if rel is None else (slot_of[rel[0]], self._bound(rel[1]),
+                                                      f"{rel_in.name} - {rel[0]} <= {self._bound(rel[1])}")))
         return tuple(out)
+
+    def _bound(self, e) -> sympy.Expr:
+        return sympy.sympify(e.xreplace({SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}))
 
     def _bounds(self, kind: Kind, declared, i) -> tuple[int, sympy.Expr, str, str]:
         env = {SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}

@@ -95,3 +95,77 @@ def test_the_schedule_is_rerun_by_every_replay():
 def test_a_page_size_flashmla_does_not_serve_is_refused():
     with pytest.raises(OptionsError, match=r"backend 'flashmla' serves page sizes \[64\], not 16"):
         compile_backend("flashmla", CompileOptions(max_bs=4, capture_sizes=(4,), page_size=16))
+
+
+def _draft_extend(seq: list[int], ext: list[int], host: bool = True) -> ForwardBatch:
+    s, e = torch.tensor(seq, dtype=torch.int32), torch.tensor(ext, dtype=torch.int32)
+    rpi = torch.arange(1, len(seq) + 1)
+    return ForwardBatch(ForwardMode.DRAFT_EXTEND, len(seq), req_pool_indices=rpi, req_pool_indices_cpu=rpi,
+                        seq_lens=s, seq_lens_cpu=s if host else None, extend_seq_lens=e,
+                        extend_seq_lens_cpu=e if host else None)
+
+
+@pytest.fixture(scope="module")
+def extender():
+    L, D = 512, 4
+    cb = compile_backend("flashmla", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L, page_size=64,
+                                                    num_draft_tokens=D, modes=("decode", "draft_extend")))
+    return cb, make_pool(9, L), L, D
+
+
+def test_draft_extend_serves_the_end_of_the_context_after_a_full_window(extender):
+    """Draft extend reads seq - extend + D keys: lengths L and L - 1 after D accepted tokens read at most L and are
+    served, eagerly and replayed, with the key lengths and pages worked by hand; the bound follows each row's
+    own extend length, not the worst case (SGLang serves these; a bound of L - (D - 1) refused them)."""
+    cb, pool, L, D = extender
+    be = cb.instantiate(pool)
+    for fb in (_draft_extend([L - 1, L], [D, D]), _draft_extend([L - 1, L, 3], [D, D, 1])):
+        be.init_forward_metadata(fb)
+        keys = [s - e + D for s, e in zip(fb.seq_lens.tolist(), fb.extend_seq_lens.tolist(), strict=True)]
+        m = be.forward_metadata
+        assert m.cache_seqlens[: len(keys)].tolist() == keys and max(keys) <= L
+        for i, k in enumerate(keys):  # the page of every 64th key of the row, as FlashMLA reads it
+            pages = -(-k // 64)
+            assert m.block_kv_indices[i, :pages].tolist() == (pool[i + 1, : pages * 64 : 64] // 64).tolist()
+    g = capture(be, _draft_extend([1] * 4, [1] * 4))
+    be.init_forward_metadata_out_graph(ReplayView.of(_draft_extend([L, L - 1], [D, D]), 4))
+    g.replay()
+    assert be.forward_metadata.cache_seqlens.tolist() == [L, L - 1, D, D]  # padded rows: 1 - 1 + D
+
+
+def test_a_draft_extend_row_past_its_own_bound_is_refused_naming_both_lengths(extender):
+    """seq - extend + D > L reads past the request's row: refused, naming the row, both lengths and the bound,
+    by the generated staging and the general path alike; the next good batch is served."""
+    from attnmeta.runtime import BatchError
+
+    cb, pool, L, D = extender
+    be = cb.instantiate(pool)
+    be.init_forward_metadata(_draft_extend([10, 20], [1, 2]))  # the generated path is bound and warm
+    for seq, ext in (([L, 30], [1, 1]), ([30, L - 1], [2, D - 2])):
+        with pytest.raises(BatchError, match=rf"seq_lens_cpu\[\d\] = {max(seq)} with extend_seq_lens_cpu\[\d\] = "
+                                             rf"\d: the row is past its bound seq_lens - extend_seq_lens <= {L - D}"):
+            be.init_forward_metadata(_draft_extend(seq, ext))
+    be.init_forward_metadata(_draft_extend([L - D + 1, 7], [1, 7 if D >= 7 else D]))
+    assert be.forward_metadata.cache_seqlens[:1].tolist() == [L]
+
+
+def test_a_per_row_bound_must_relate_two_lengths_of_the_batch():
+    """The verifier names what is wrong with a bound that names another input."""
+    from attnmeta.compiler.ir import DType, SpecBuilder, VerifyError
+    from attnmeta.compiler.ir.graph import Kind
+
+    def spec(hi, other_kind=Kind.length, other_shape=("bs",)):
+        b = SpecBuilder("rel")
+        e = b.input("e", DType.int32, list(other_shape), fill=1, kind=other_kind, hi="D")
+        s = b.input("s", DType.int32, ["bs"], fill=1, kind=Kind.length, hi=hi)
+        with b.in_graph():
+            out = b.ewise("add", s, e)
+        b.outputs(o=out)
+        return b.build()
+
+    assert spec("L - D + e").inputs[1].relation[0] == "e"
+    for hi, kw, says in (("L - D + nope", {}, "names 'nope', which is not an input"),
+                         ("L - D + 2*e", {}, "adds one other input once"),
+                         ("L - D + e", {"other_kind": Kind.value}, "relates two lengths")):
+        with pytest.raises(VerifyError, match=says):
+            spec(hi, **kw)
