@@ -20,16 +20,14 @@ The batch mapping (``BatchView``, ``attnmeta_mode``) needs no SGLang; everything
 """
 
 from .batch import MODES, BatchView, attnmeta_mode
+from .kinds import classes
 
 __all__ = ["MODES", "BatchView", "CuteDSLMLABackend", "DSV4Backend", "FlashInferBackend", "FlashInferDraftBackend",
            "FlashInferMLABackend", "TRTLLMMHABackend", "TRTLLMMLABackend", "TritonBackend",
            "TritonDraftBackend", "attnmeta_mode", "compile_options", "factory", "register"]
 
-_LAZY = {"TritonBackend": "backend", "FlashInferBackend": "backend", "TritonDraftBackend": "draft",
-         "FlashInferDraftBackend": "draft", "DSV4Backend": "dsv4_backend", "factory": "registry",
-         "register": "registry", "compile_options": "options", "FlashInferMLABackend": "mla",
-         "FlashMLABackend": "flashmla", "TRTLLMMHABackend": "trtllm", "TRTLLMMLABackend": "trtllm",
-         "CuteDSLMLABackend": "trtllm"}
+# every kind's classes (kinds.py's table), and the registry's functions
+_LAZY = {**classes(), "factory": "registry", "register": "registry", "compile_options": "options"}
 
 
 def __getattr__(name):  # the SGLang-facing pieces import SGLang: only when asked for

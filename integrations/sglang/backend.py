@@ -18,14 +18,12 @@ import torch
 
 from attnmeta.runtime import BatchError
 
+from .kinds import sglang
 from .options import rank_heads, resolved_options
 from .served import CAPTURED, CompiledModes
 
-try:
-    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend as _SGLangFlashInfer
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend as _SGLangTriton
-except ImportError as e:  # the optional extra: say so once, at import
-    raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
+_SGLangFlashInfer = sglang("sglang.srt.layers.attention.flashinfer_backend", "FlashInferAttnBackend")
+_SGLangTriton = sglang("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend")
 
 class TritonBackend(CompiledModes, _SGLangTriton):
     """SGLang's Triton backend; its decode, idle, target verify and draft extend V2 metadata compiled
@@ -238,7 +236,6 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         return PrefillMetadata(prefill_wrappers=[m.plan], use_ragged=False, extend_no_prefix=False)
 
 
-KINDS = {c.spec_name: c for c in (TritonBackend, FlashInferBackend)}
-__all__ = ["CAPTURED", "KINDS", "FlashInferBackend", "TritonBackend", "device_planned", "resolved_options",
+__all__ = ["CAPTURED", "FlashInferBackend", "TritonBackend", "device_planned", "resolved_options",
            "split_scratch",
            "verify_mask"]

@@ -19,19 +19,15 @@ import logging
 
 from attnmeta.compiler.ir.errors import OptionsError
 
-from .backend import FlashInferBackend, TritonBackend, device_planned, split_scratch
+from .backend import device_planned, split_scratch
+from .kinds import DRAFT_KINDS, KINDS, sglang
 from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
 log = logging.getLogger("attnmeta.integrations")
 
-try:
-    from sglang.srt.layers.attention.flashinfer_backend import (
-        FlashInferMultiStepDraftBackend as _SGLangFlashInferDraft,
-    )
-    from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend as _SGLangTritonDraft
-except ImportError as e:  # the optional extra: say so once, at import
-    raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
+_SGLangFlashInferDraft = sglang("sglang.srt.layers.attention.flashinfer_backend", "FlashInferMultiStepDraftBackend")
+_SGLangTritonDraft = sglang("sglang.srt.layers.attention.triton_backend", "TritonMultiStepDraftBackend")
 
 
 class _Drafter(CompiledModes):
@@ -117,44 +113,6 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         return DecodeMetadata(decode_wrappers=[_step(m, s, "plan")])
 
 
-DRAFTERS = {"triton": TritonDraftBackend, "flashinfer": FlashInferDraftBackend}
-EXTENDERS = {"triton": TritonBackend, "flashinfer": FlashInferBackend}
-
-
-def _drafter(kind: str, mla: bool):
-    """The draft-decode class of ``kind``; on an MLA model FlashInfer's is SGLang's own MLA drafter
-    (attnmeta compiles MLA's target and draft-extend metadata, not yet its multi-step drafter)."""
-    if mla and kind == "flashinfer":
-        from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAMultiStepDraftBackend
-
-        log.info("EAGLE draft decode on an MLA model: SGLang's own FlashInfer MLA drafter serves it")
-        return FlashInferMLAMultiStepDraftBackend
-    return DRAFTERS[kind]
-
-
-# kinds whose EAGLE draft decode stays SGLang's own multi-step drafter (attnmeta compiles their target and
-# draft-extend metadata)
-OWN_DRAFT_DECODE = ("flashmla", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
-DRAFT_KINDS = (*DRAFTERS, *OWN_DRAFT_DECODE)  # what --speculative-draft-attention-backend may name
-
-
-def _extender(kind: str, mla: bool):
-    if mla and kind == "flashinfer":
-        from .mla import FlashInferMLABackend
-
-        return FlashInferMLABackend
-    if kind == "flashmla":
-        from .flashmla import FlashMLABackend
-
-        return FlashMLABackend
-    if kind in OWN_DRAFT_DECODE:
-        from .trtllm import TRTLLMMHABackend, TRTLLMMLABackend
-
-        # CuTe-DSL MLA serves decode only: SGLang's draft extend falls back to TRT-LLM MLA, and so does this
-        return TRTLLMMHABackend if kind == "trtllm_mha" else TRTLLMMLABackend
-    return EXTENDERS[kind]
-
-
 def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     """SGLang's ``DraftBackendFactory`` picks a backend from a table of its own kinds; teach it
     ``prefix + kind`` for draft decode (the multi-step drafters above) and draft extend (the kind's
@@ -170,21 +128,24 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
 
         runner, extra = self.draft_model_runner, {}
         mla = getattr(runner, "use_mla_backend", False)
-        for kind in (*DRAFTERS, *OWN_DRAFT_DECODE):
-            name = prefix + kind
-            fi = planner() if kind == "flashinfer" else {}  # ATTNMETA_PLANNER reaches FlashInfer's kinds only
-            if stamps_children and kind in OWN_DRAFT_DECODE:
-                extra[name] = backend_map[kind]  # SGLang's own multi-step drafter of that kind
+        for row in (k for k in KINDS if k.drafts):
+            name = prefix + row.name
+            fi = planner() if row.flashinfer else {}  # ATTNMETA_PLANNER reaches FlashInfer's kinds only
+            if stamps_children and row.drafter is None:
+                extra[name] = backend_map[row.name]  # SGLang's own multi-step drafter of that kind
             elif stamps_children:  # draft decode: a multi-step container (on MLA, SGLang's own: no planner choice)
-                extra[name] = (lambda k=kind, n=name, fi=fi: (n, _drafter(k, mla)(
+                if mla and row.drafter_on_mla:
+                    log.info("EAGLE draft decode on an MLA model: SGLang's own %s drafter serves it", row.name)
+                extra[name] = (lambda r=row, n=name, fi=fi: (n, r.drafter_class(mla)(
                                    runner, self.topk, self.speculative_num_steps, **({} if mla else fi)))
                                if self.speculative_num_steps > 1 else (n, None))
             else:
-                extra[name] = lambda k=kind, n=name, fi=fi: (n, _extender(k, mla)(runner, skip_prefill=False, **fi))
+                extra[name] = lambda r=row, n=name, fi=fi: (n, r.extender_class(mla)(runner, skip_prefill=False,
+                                                                                       **fi))
         return original(self, backend_name, {**backend_map, **extra}, error_template, stamps_children)
 
     _create_backend.attnmeta = True
     DraftBackendFactory._create_backend = _create_backend
 
 
-__all__ = ["DRAFTERS", "DRAFT_KINDS", "FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]
+__all__ = ["DRAFT_KINDS", "FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]

@@ -21,13 +21,10 @@ from attnmeta.compiler.ir.errors import ContractError, OptionsError
 
 from .batch import MODES, BatchView
 from .dsv4 import forward_metadata
+from .kinds import sglang
 from .options import capture_sizes
 
-try:
-    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend as _SGLangDSV4
-except ImportError as e:  # the optional extra: say so once, at import
-    raise ImportError(f"attnmeta.integrations.sglang.dsv4_backend needs SGLang ({e}); "
-                      "pip install 'attnmeta[sglang]'") from e
+_SGLangDSV4 = sglang("sglang.srt.layers.attention.deepseek_v4_backend", "DeepseekV4AttnBackend")
 
 SERVED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
 

@@ -12,14 +12,12 @@ calls FlashMLA's ``get_mla_metadata`` and copies its result into its graph buffe
 
 from __future__ import annotations
 
+from .kinds import sglang
 from .options import device_sms, resolved_options
 from .served import CompiledModes
 
-try:
-    from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend as _SGLangFlashMLA
-except ImportError as e:
-    raise ImportError(f"attnmeta_flashmla needs SGLang and FlashMLA ({e}); pip install 'attnmeta[sglang]' "
-                      "sgl-flash-mla") from e
+_SGLangFlashMLA = sglang("sglang.srt.layers.attention.flashmla_backend", "FlashMLABackend", needs="SGLang and FlashMLA",
+                         install="pip install 'attnmeta[sglang]' sgl-flash-mla")
 
 
 class FlashMLABackend(CompiledModes, _SGLangFlashMLA):

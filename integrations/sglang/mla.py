@@ -11,13 +11,11 @@ so its ``forward_decode``/``forward_extend`` run them.
 
 from __future__ import annotations
 
+from .kinds import sglang
 from .options import resolved_options
 from .served import CompiledModes
 
-try:
-    from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend as _SGLangMLA
-except ImportError as e:
-    raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
+_SGLangMLA = sglang("sglang.srt.layers.attention.flashinfer_mla_backend", "FlashInferMLAAttnBackend")
 
 
 class FlashInferMLABackend(CompiledModes, _SGLangMLA):

@@ -19,31 +19,15 @@ import os
 from attnmeta.compiler.compile import load_compiled
 from attnmeta.compiler.ir.errors import OptionsError
 
+from .kinds import DRAFT_KINDS, KIND, NAMES
 from .options import planner
 
-KINDS = ("triton", "flashinfer", "dsv4", "flashmla", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
-MLA_ONLY = ("flashmla", "trtllm_mla", "cutedsl_mla")  # kinds SGLang builds for MLA models only
-MHA_ONLY = ("triton", "trtllm_mha")  # and for multi-head attention models only (flashinfer serves both)
+KINDS = NAMES  # every kind, in kinds.py's order
 
 
-def backend_class(kind: str):
-    """The SGLang-facing class of ``kind`` (each imports SGLang's backend of that kind: only when asked)."""
-    if kind == "dsv4":
-        from .dsv4_backend import DSV4Backend
-
-        return DSV4Backend
-    if kind == "flashmla":
-        from .flashmla import FlashMLABackend
-
-        return FlashMLABackend
-    if kind in ("trtllm_mha", *MLA_ONLY):
-        from . import trtllm
-
-        return {"trtllm_mha": trtllm.TRTLLMMHABackend, "trtllm_mla": trtllm.TRTLLMMLABackend,
-                "cutedsl_mla": trtllm.CuteDSLMLABackend}[kind]
-    from .backend import KINDS as classes
-
-    return classes[kind]
+def backend_class(kind: str, mla: bool = False):
+    """attnmeta's class of ``kind`` (it imports SGLang's backend of that kind: only when asked)."""
+    return KIND[kind].face_class(mla)
 
 
 def _artifact(artifact: str | None):
@@ -56,24 +40,16 @@ def factory(kind: str, artifact: str | None = None):
     of that kind builds it (FlashInfer: a new workspace when the runner asks, the plan stream EAGLE uses)."""
 
     def create(runner):
-        if getattr(runner, "use_mla_backend", False) and kind == "flashinfer":  # SGLang's flashinfer does so too
-            from .mla import FlashInferMLABackend
-
-            return FlashInferMLABackend(runner, compiled=_artifact(artifact), **planner())
-        mla = getattr(runner, "use_mla_backend", False)
-        if mla and kind in MHA_ONLY:
-            raise OptionsError(f"attnmeta_{kind} serves multi-head attention models; this model uses MLA: serve it "
-                               "with attnmeta_flashinfer (FlashInfer MLA), attnmeta_flashmla (Hopper), "
-                               f"attnmeta_trtllm_mla (Blackwell) or SGLang's own {kind} backend")
-        if not mla and kind in MLA_ONLY:
-            raise OptionsError(f"attnmeta_{kind} serves MLA models (DeepSeek, Kimi); this model has multi-head "
-                               "attention: serve it with attnmeta_trtllm_mha, attnmeta_flashinfer or attnmeta_triton")
-        cls = backend_class(kind)
-        if kind == "flashinfer":
+        row, mla = KIND[kind], getattr(runner, "use_mla_backend", False)
+        why = row.refusal(mla)
+        if why:
+            raise OptionsError(why)
+        cls = row.face_class(mla)  # FlashInfer on an MLA model is FlashInfer MLA, as in SGLang's own factory
+        if row.flashinfer and not mla:
             _plan_stream(runner)
             return cls(runner, init_new_workspace=runner.init_new_workspace, compiled=_artifact(artifact),
                        **planner())
-        return cls(runner, compiled=_artifact(artifact))
+        return cls(runner, compiled=_artifact(artifact), **(planner() if row.flashinfer else {}))
 
     create.__name__ = f"create_attnmeta_{kind}_backend"
     return create
@@ -96,7 +72,7 @@ def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str
     from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
-    from .draft import DRAFT_KINDS, patch_draft_factory
+    from .draft import patch_draft_factory
 
     names = []
     for kind in KINDS:

@@ -13,15 +13,13 @@ the key lengths the recorded graph writes.
 
 from __future__ import annotations
 
+from .kinds import sglang
 from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
-try:
-    from sglang.srt.layers.attention.cutedsl_mla_backend import CuteDslMLABackend as _SGLangCuteDSL
-    from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend as _SGLangTRTLLMMHA
-    from sglang.srt.layers.attention.trtllm_mla_backend import TRTLLMMLABackend as _SGLangTRTLLMMLA
-except ImportError as e:
-    raise ImportError(f"attnmeta.integrations.sglang needs SGLang ({e}); pip install 'attnmeta[sglang]'") from e
+_SGLangCuteDSL = sglang("sglang.srt.layers.attention.cutedsl_mla_backend", "CuteDslMLABackend")
+_SGLangTRTLLMMHA = sglang("sglang.srt.layers.attention.trtllm_mha_backend", "TRTLLMHAAttnBackend")
+_SGLangTRTLLMMLA = sglang("sglang.srt.layers.attention.trtllm_mla_backend", "TRTLLMMLABackend")
 
 
 class TRTLLMMHABackend(CompiledModes, _SGLangTRTLLMMHA):

@@ -17,7 +17,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend as SG
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.radix_attention import RadixAttention
 
-from attnmeta.integrations.sglang.backend import KINDS
+from attnmeta.integrations.sglang.kinds import KIND
 from tests.integrations.sglang_server import (
     ROWS,
     Runners,
@@ -41,10 +41,11 @@ def server():
 
 
 def test_the_backends_are_sglangs_own():
-    for cls in KINDS.values():
-        assert issubclass(cls, SGLangAttentionBackend)
-    assert issubclass(KINDS["triton"], TritonAttnBackend)
-    assert KINDS["triton"].forward_decode is TritonAttnBackend.forward_decode  # attention: SGLang's own code
+    for name in ("triton", "flashinfer"):
+        cls = KIND[name].face_class(mla=False)
+        assert issubclass(cls, SGLangAttentionBackend) and cls.spec_name == name
+    assert issubclass(KIND["triton"].face_class(False), TritonAttnBackend)
+    assert KIND["triton"].face_class(False).forward_decode is TritonAttnBackend.forward_decode  # SGLang's own code
 
 
 def layer(s: Server, layer_id: int = 0) -> RadixAttention:
