@@ -18,9 +18,14 @@ KERNEL = ["#2a7", "#27a", "#a52", "#72a", "#aa2", "#2aa"]
 W, H, GX, GY = 230, 46, 26, 38
 
 
+def has_dot() -> bool:
+    """Whether Graphviz's ``dot`` is on the PATH."""
+    return shutil.which("dot") is not None
+
+
 def svg(g: Graph, use_dot: bool = True, marked: frozenset[str] = frozenset()) -> str:
     """``g`` drawn by Graphviz where it is installed, else by ``layered``; ``marked`` nodes outlined in red."""
-    if use_dot and shutil.which("dot"):
+    if use_dot and has_dot():
         r = subprocess.run(["dot", "-Tsvg"], input=to_dot(g, marked), capture_output=True, text=True, timeout=60)
         if r.returncode == 0 and "<svg" in r.stdout:
             return r.stdout[r.stdout.index("<svg"):]

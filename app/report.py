@@ -14,7 +14,7 @@ import re
 from attnmeta.compiler.ir import parse
 
 from . import inspect as dumps
-from .draw import BIG, layered, svg
+from .draw import BIG, has_dot, layered, svg
 
 CSS = """body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#eee}td.num{text-align:right}
@@ -151,13 +151,24 @@ def _failure(run: str, f: dict | None) -> str:
             f"<pre>{chr(10).join(lines)}</pre>")
 
 
+def _graphviz_hint() -> str:
+    """One line when Graphviz is missing: the graphs below use attnmeta's own layered drawing, and how to get
+    dot's (which routes edges around nodes: easier to follow on graphs of more than a few dozen nodes)."""
+    if has_dot():
+        return ""
+    return ("<p class='hint'>Graphs drawn with attnmeta's own layout: Graphviz's <code>dot</code> is not installed. "
+            "For its layout, install Graphviz (<code>apt install graphviz</code>, <code>brew install graphviz</code> "
+            "or <code>conda install graphviz</code>) and write the report again.</p>")
+
+
 def render(run: str) -> str:
     data = dumps.load(run)
     title = f"attnmeta compile of {data.get('backend', os.path.basename(os.path.dirname(run)))}"
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
            f"<p>run <code>{html.escape(run)}</code>; options: <code>{html.escape(str(data.get('options', '')))}"
-           "</code></p>", _failure(run, data.get("failure")), "<h2>passes</h2>", _pass_table(_with_failure(data))]
+           "</code></p>", _graphviz_hint(), _failure(run, data.get("failure")), "<h2>passes</h2>",
+           _pass_table(_with_failure(data))]
     for mode in dumps.modes(run):
         out.append(f"<h2>{mode}</h2><h3>mode-generic passes</h3>{_section(run, mode, None)}")
         for bs in dumps.sizes(run, mode):
