@@ -13,7 +13,7 @@
 A backend with a host planner (flashinfer) runs, in both the compiled and the
 eager column, FlashInfer's real ``plan()`` where FlashInfer is installed on a
 GPU (graph-mode decode wrapper for compiled, a plain one for eager; 32 query
-and 8 KV heads of 128, bf16), else the CPU stand-in of ``planners/reference.py``;
+and 8 KV heads of 128, bf16), else the CPU stand-in of ``backends/reference.py``;
 the table's title says which, so a stand-in is never measured silently.
 
 Host time is measured around each step without synchronising (the device
@@ -31,8 +31,8 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from attnmeta.backends.dsv4_compress import speculative
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
+from attnmeta.backends.dsv4.compress import speculative
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 from attnmeta.runtime.planning import Site
@@ -117,7 +117,7 @@ def planner_label(planner: str) -> str:
         return (f"planner: FlashInfer {flashinfer.__version__}; compiled: {compiled}; eager: plan() every step "
                 "(graph-mode wrapper)")
     if planner == "stand-in":
-        return ("planner: STAND-IN (planners/reference.py, CPU bookkeeping; not FlashInfer's plan() cost, "
+        return ("planner: STAND-IN (backends/reference.py, CPU bookkeeping; not FlashInfer's plan() cost, "
                 "which needs FlashInfer on a GPU)")
     return "planner: none (no host planner in this backend)"
 
@@ -129,7 +129,7 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
     if not mode.is_decode():
         return _eager_prefill_step(eager, planner, dev, max_bs, mode)
     if planner == "stand-in":
-        from attnmeta.planners.reference import ReferenceDecodePlanner
+        from attnmeta.backends.reference import ReferenceDecodePlanner
 
         plan, site = ReferenceDecodePlanner(), Site.detached("flashinfer.decode_plan", mode, max_bs)
 
@@ -156,7 +156,7 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
 def _workspace(mode) -> int:
     """FlashInfer's workspace: SGLang's default for decode; the prefill wrapper's split-KV scratch for
     D query rows per request at bs 256 needs more (about 600 MiB on an H200)."""
-    from attnmeta.planners.flashinfer import WORKSPACE_BYTES
+    from attnmeta.backends.flashinfer.planner import WORKSPACE_BYTES
 
     return WORKSPACE_BYTES if mode.is_decode() else 1 << 30
 
@@ -175,7 +175,7 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
     FlashInfer packs the drafter's tree mask, handed over on the device as engines do."""
     verify = mode.is_target_verify()
     if planner == "stand-in":
-        from attnmeta.planners.reference import ReferencePrefillPlanner
+        from attnmeta.backends.reference import ReferencePrefillPlanner
 
         plan = functools.partial(ReferencePrefillPlanner(), Site.detached("flashinfer.prefill_plan", mode, max_bs))
     else:
@@ -204,7 +204,7 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
 def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE, pools=None):
     be = compiled.instantiate(pool, device=dev, pools=pools)
     if planner.startswith("flashinfer"):
-        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+        from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS, workspace_bytes=_workspace(mode),
                                 planner="host" if planner == "flashinfer-host" else "device")

@@ -11,9 +11,8 @@ import time
 import attrs
 import torch
 
-from attnmeta.backends.eager import get_eager
-from attnmeta.backends.eager.compare import compare_metadata, padded
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends import get_eager
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend, get_spec
 from attnmeta.sim import DecodeModel, DraftModel, DraftRunner, GraphRunner
 from attnmeta.sim.attention import (
@@ -22,6 +21,7 @@ from attnmeta.sim.attention import (
     dsv4_attention_from_pool,
     mla_attention_from_pool,
 )
+from attnmeta.sim.compare import compare_metadata, padded
 from attnmeta.sim.models import DSV4Model, MLAModel
 from attnmeta.sim.serving import ServingSim
 

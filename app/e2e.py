@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
 from attnmeta.runtime import ForwardMode, ReplayView
 from attnmeta.sim import DecodeModel
@@ -90,12 +90,12 @@ def _one_size(bs: int, world) -> dict:
     dev, rows, L = pool.device, pool.shape[0], pool.shape[1]
     be = compiled.instantiate(pool, device=dev)
     if backend == "flashinfer":
-        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+        from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS)
     xqa = None
     if backend == "flashattention":
-        from attnmeta.planners.flashinfer import XQADecode
+        from attnmeta.backends.flashinfer.planner import XQADecode
 
         xqa = XQADecode(dev)
     model = DecodeModel(k, v, compiled.options.max_bs, L, page_size=compiled.options.page_size, q_heads=HEADS[0],

@@ -1,6 +1,9 @@
-"""Inputs every decode spec reads, declared once with their fill values and host mirrors."""
+"""Inputs every decode spec reads, declared once with their fill values and host mirrors; and the one
+gather the eager twins share."""
 
 from __future__ import annotations
+
+import torch
 
 from attnmeta.compiler.ir import DType, Kind, Placement, SpecBuilder, V
 
@@ -59,3 +62,12 @@ def sub_rows(b: SpecBuilder, n: int, count: str | None = None) -> tuple[V, V]:
     ``count``: how the row count is written (``"K"`` where inlined shapes say ``K*bs``)."""
     z = b.arange(f"{count or n}*bs")
     return b.ewise("floordiv", z, n), b.ewise("mod", z, n)
+
+
+# the eager twins' one gather (flashinfer's, triton's and flashinfer_mla's twins read a prefix's slots alike)
+def gather_kv_indices(req_to_token, rpi, seq_lens, kv_indptr, total: int) -> torch.Tensor:
+    """Flat token-slot indices of every request's prefix, vectorised torch."""
+    bs = seq_lens.shape[0]
+    row = torch.repeat_interleave(torch.arange(bs, device=seq_lens.device), seq_lens.long(), output_size=total)
+    col = torch.arange(total, device=seq_lens.device) - kv_indptr[:-1].long()[row]
+    return req_to_token[rpi.long()[row], col]

@@ -1,5 +1,5 @@
 """attnmeta.runtime: the contract, the compiled backend, staging, checks and graphs (the core: no
-planner and no engine of its own; FlashInfer's planners live in attnmeta.planners, the demo engine
+planner and no engine of its own; the planners live with their backends, attnmeta.backends.<kind>, the demo engine
 in attnmeta.sim)."""
 
 from attnmeta.compiler.modes import ForwardMode

@@ -49,7 +49,7 @@ class DecodeModel:
     def forward(self, meta, bs: int) -> torch.Tensor:
         q, out = self.q[:bs], self.out[:bs]
         if hasattr(getattr(meta, "plan", None), "run"):  # a FlashInfer wrapper planned this step
-            from attnmeta.planners.flashinfer import run_decode
+            from attnmeta.backends.flashinfer.planner import run_decode
 
             return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
         if hasattr(meta, "num_kv_splits") and not torch_on(q):  # the split-KV Triton kernel (torch: below)
@@ -90,7 +90,7 @@ class DraftModel(DecodeModel):
         for s in range(self.num_steps):
             plan = getattr(meta, f"step{s}_plan", None)
             if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
-                from attnmeta.planners.flashinfer import run_decode
+                from attnmeta.backends.flashinfer.planner import run_decode
 
                 run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
                 continue

@@ -81,7 +81,7 @@ def _plan_on_device_with(version: str):
     stand-in of tests/fake_flashinfer.py): the first step plans."""
     from unittest import mock
 
-    from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+    from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
     from attnmeta.runtime import ReplayView
     from tests import fake_flashinfer
     from tests.batches import make_batch
@@ -111,7 +111,7 @@ def _planner_after_capture():
 
 
 def _mla_lengths(lens):
-    from attnmeta.planners.flashinfer_mla import ReferenceMLAPlanner
+    from attnmeta.backends.flashinfer_mla.planner import ReferenceMLAPlanner
     from attnmeta.runtime import ForwardMode
     from attnmeta.runtime.planning import Site
 

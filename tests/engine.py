@@ -11,14 +11,13 @@ import random
 import attrs
 import torch
 
-from attnmeta.backends import get_spec
-from attnmeta.backends.dsv4_compress import speculative
-from attnmeta.backends.eager import get_eager
-from attnmeta.backends.eager.compare import compare_metadata
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends import get_eager, get_spec
+from attnmeta.backends.dsv4.compress import speculative
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op, Role, eval_graph
 from attnmeta.runtime import EmulatedGraph, ForwardBatch, ReplayView, new_graph
+from attnmeta.sim.compare import compare_metadata
 from tests.batches import make_pool
 
 M = ForwardMode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnmeta.backends.eager.compare import compare_metadata, padded
+from attnmeta.sim.compare import compare_metadata, padded
 
 __all__ = ["assert_metadata_equal", "padded"]
 

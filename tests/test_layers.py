@@ -1,5 +1,6 @@
 """Imports go one way: compiler.ir <- the compiler's base modules <- passes <- lowering <- the
-compiler's front door <- runtime <- planners <- backends <- integrations, app and sim. A test walks
+compiler's front door <- runtime <- backends <- integrations, app and sim. Inside backends, each kind is
+one folder (its spec, planner and eager twin) that imports no other kind's folder. A test walks
 every import statement (those inside functions too) and every importlib call with a literal name,
 and fails on an import circle or on a lower layer importing a higher one. The compiler reaches
 the layers above only through entry points named for a role: no string in its code (a module it
@@ -12,8 +13,8 @@ import re
 import networkx as nx
 
 ROOT = pathlib.Path(__file__).parent.parent
-PACKAGES = {"compiler": "attnmeta.compiler", "runtime": "attnmeta.runtime", "planners": "attnmeta.planners",
-            "backends": "attnmeta.backends", "integrations": "attnmeta.integrations", "app": "attnmeta.app",
+PACKAGES = {"compiler": "attnmeta.compiler", "runtime": "attnmeta.runtime", "backends": "attnmeta.backends",
+            "integrations": "attnmeta.integrations", "app": "attnmeta.app",
             "sim": "attnmeta.sim"}
 LAYERS = [  # (module prefix, layer): the longest matching prefix decides
     ("attnmeta.compiler.ir", 0),
@@ -22,8 +23,7 @@ LAYERS = [  # (module prefix, layer): the longest matching prefix decides
     ("attnmeta.compiler.lowering", 3),
     ("attnmeta.compiler", 4),  # spec registry, instruments, repro, pipeline, compile, the package's front door
     ("attnmeta.runtime", 5),  # the core: contract, compiled backend, binding, staging, checks, graphs
-    ("attnmeta.planners", 6),  # host planners (FlashInfer's, the stand-ins): the runtime's planner seam
-    ("attnmeta.backends", 7),  # specs (they name their planners) and eager twins
+    ("attnmeta.backends", 7),  # one folder per kind: its spec, its planner (the runtime's seam) and eager twin
     ("attnmeta.integrations", 8),  # engine adapters (SGLang, vLLM): above the backends they serve
     ("attnmeta.sim", 8),  # the demo engine, beside the engine adapters
     ("attnmeta.app", 9),  # the CLI, demos and benchmarks drive the demo engine
@@ -98,9 +98,30 @@ def test_the_walk_sees_what_it_should():
     assert layer("attnmeta.compiler.ir.ops") == 0 and layer("attnmeta.compiler.compile") == 4
 
 
+FOLDERS = sorted(p.name for p in (ROOT / "backends").iterdir() if (p / "__init__.py").is_file())
+
+
+def folder_of(mod: str) -> str | None:
+    """The backend folder a module is in (``attnmeta.backends.flashinfer.planner`` -> ``flashinfer``), else None."""
+    parts = mod.split(".")
+    return parts[2] if parts[:2] == ["attnmeta", "backends"] and len(parts) > 2 and parts[2] in FOLDERS else None
+
+
+def test_a_backend_folder_imports_no_other_kinds_folder():
+    """A kind's folder (spec, planner, twin) reads only itself, the shared backend modules and the layers
+    below; the shared modules (common, tbo, multistep, reference, flashinfer_lib) read no kind's folder.
+    Only the package's front door (``attnmeta.backends``: SPECS, the twins) gathers them."""
+    g = import_graph()
+    cross = [(a, b) for a, b in g.edges if folder_of(b) and folder_of(a) != folder_of(b) and a != "attnmeta.backends"
+             and a.startswith("attnmeta.backends")]
+    assert not cross, "a backend module imports another kind's folder:\n" + "\n".join(f"  {a} -> {b}" for a, b in cross)
+    assert len(FOLDERS) >= 7 and ("attnmeta.backends.flashinfer.planner", "attnmeta.backends.flashinfer.device_plan") \
+        in g.edges and ("attnmeta.backends.flashinfer_mla.planner", "attnmeta.backends.flashinfer_lib") in g.edges
+
+
 def string_edges(root: pathlib.Path = ROOT) -> list[str]:
     """Strings in the compiler's code that name a higher layer: a dotted module (``attnmeta.runtime``,
-    ``attnmeta.planners.x``), or a source folder as a path part (``"runtime/x"``) or among other
+    ``attnmeta.backends.x``), or a source folder as a path part (``"runtime/x"``) or among other
     folders (``("compiler", "backends")``). Docstrings and comments may speak of them; code may not."""
     dotted = re.compile(rf"\battnmeta\.({'|'.join(HIGHER)})\b")
     found = []
@@ -134,6 +155,6 @@ def test_the_string_walk_sees_what_it_should(tmp_path):
     bad = tmp_path / "compiler" / "bad.py"
     bad.parent.mkdir()
     bad.write_text('"""Speaks of attnmeta.runtime: allowed."""\nload("attnmeta.runtime", "x")\n'
-                   'line = "from attnmeta.planners.reference import y"\nPARTS = ("compiler", "backends")\n')
+                   'line = "from attnmeta.backends.reference import y"\nPARTS = ("compiler", "backends")\n')
     assert [e.split(": ", 1)[0] for e in string_edges(tmp_path)] == [
         "compiler/bad.py:2", "compiler/bad.py:3", "compiler/bad.py:4"]

@@ -143,7 +143,7 @@ def mla_read(be, mine: bool, mode: str, prep) -> dict:
         w = md.decode_wrapper if mode == "decode" else md.prefill_wrapper
     else:
         w = (be.decode_cuda_graph_metadata if mode == "decode" else be.prefill_cuda_graph_metadata)[prep.bs]
-    from attnmeta.planners.flashinfer_mla_plan import MLALayout, read_regions
+    from attnmeta.backends.flashinfer_mla.device_plan import MLALayout, read_regions
 
     D = 0 if mode == "decode" else prep.fb.spec_info.draft_token_num
     total = int(prep.fb.seq_lens[: prep.live].sum()) + D * prep.live
@@ -157,7 +157,7 @@ def mla_read(be, mine: bool, mode: str, prep) -> dict:
 def flashmla_read(md, mode: str, prep) -> dict:
     """What FlashMLA's kernel reads: the pages each live row's keys cover, the whole tile schedule (every
     part's seven words, the split counts of the rows scheduled) and, in draft extend, the key lengths."""
-    from attnmeta.planners.flashmla import SCHEDULED
+    from attnmeta.backends.flashmla.planner import SCHEDULED
 
     D = prep.fb.spec_info.draft_token_num if mode == "verify" else 0
     keys = (prep.fb.seq_lens[: prep.live] + D).tolist()

@@ -3,8 +3,8 @@
 import torch
 from timing import median_us
 
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter, pack_mask
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer import FlashInferDecodeAdapter, pack_mask
 from attnmeta.runtime import ForwardBatch, ReplayView
 
 

@@ -1,4 +1,4 @@
-"""Eager twin of backends/dsv4.py: the raw->full upgrade written as plain
+"""Eager twin of backends/dsv4/spec.py: the raw->full upgrade written as plain
 torch on the batch, the way the engine's eager path computes it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from attnmeta.backends.dsv4_compress import ring_size  # the rings' sizes: a configuration table, not a formula
+from attnmeta.backends.dsv4.compress import ring_size  # the rings' sizes: a configuration table, not a formula
 
 PAGE, SWA, ALIGN = 256, 128, 64
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
 from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
-from .common import decode_inputs, sub_rows, verify_headroom
-from .dsv4_compress import decode_plans, speculative, verify_plans
-from .dsv4_indexer import indexer_schedule
+from ..common import decode_inputs, sub_rows, verify_headroom
+from .compress import decode_plans, speculative, verify_plans
+from .indexer import indexer_schedule
 
 I32, I64 = DType.int32, DType.int64
 PAGE, SWA, ALIGN = 256, 128, 64

@@ -1,4 +1,4 @@
-"""Eager twin of backends/flashattention.py, the way engines write it: the
+"""Eager twin of backends/flashattention/spec.py, the way engines write it: the
 page table gathered at the width of the longest sequence (a host max)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens, verify_headroom
+from ..common import decode_inputs, extend_lens, verify_headroom
 
 I32, I64 = DType.int32, DType.int64
 

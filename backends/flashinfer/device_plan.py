@@ -218,13 +218,6 @@ class DevicePlanner:
         launch(self._call)
 
 
-def sample_lengths(bs: int, longest: int, short: int = 1) -> list[torch.Tensor]:
-    """The batches a device planner is checked on before it is trusted (with the batch at hand): every row
-    short, a ramp from short to the longest, one long row among short ones."""
-    return [torch.full((bs,), short, dtype=torch.int32), torch.linspace(short, longest, bs).round().int(),
-            torch.tensor([longest] + [short] * (bs - 1), dtype=torch.int32)]
-
-
 def live_regions(layout: PlanLayout, workspace: torch.Tensor) -> list[tuple[int, int]]:
     """The (byte offset, bytes) of every word a kernel reads, for the live count FlashInfer's plan in
     ``workspace`` has (its live mask, else every padded item)."""

@@ -1,4 +1,4 @@
-"""The hand-written eager twin of backends/flashinfer.py, written the way
+"""The hand-written eager twin of backends/flashinfer/spec.py, written the way
 serving engines write it today: persistent indptr buffers, a fresh
 ``kv_indices`` sized by the host-known token sum, a host indptr for plan().
 It is the benchmark baseline and a second, independent oracle."""
@@ -11,13 +11,7 @@ import torch
 
 from attnmeta.compiler.modes import ForwardMode
 
-
-def gather_kv_indices(req_to_token, rpi, seq_lens, kv_indptr, total: int) -> torch.Tensor:
-    """Flat token-slot indices of every request's prefix, vectorised torch."""
-    bs = seq_lens.shape[0]
-    row = torch.repeat_interleave(torch.arange(bs, device=seq_lens.device), seq_lens.long(), output_size=total)
-    col = torch.arange(total, device=seq_lens.device) - kv_indptr[:-1].long()[row]
-    return req_to_token[rpi.long()[row], col]
+from ..common import gather_kv_indices
 
 
 class EagerFlashInferDecode:

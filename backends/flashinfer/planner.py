@@ -26,10 +26,11 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
-from .flashinfer_plan import PlanLayout, checked_planner, pack_mask, sample_lengths
-from .reference import ReferenceDecodePlanner, ReferenceDevicePlanner, ReferencePrefillPlanner
+from ..flashinfer_lib import WORKSPACE_BYTES, FlashInferVersionError, _flashinfer, _version, sample_lengths
+from ..reference import ReferenceDecodePlanner, ReferenceDevicePlanner, ReferencePrefillPlanner
+from .device_plan import PlanLayout, checked_planner, pack_mask
 
-log = logging.getLogger("attnmeta.planners")
+log = logging.getLogger("attnmeta.backends")
 
 # The planner names FlashInfer specs declare (``host_call`` targets), one name each for the specs, the
 # stand-ins and FlashInferDecodeAdapter. The *_on_device planners (a spec compiled with plan_on_device)
@@ -46,36 +47,6 @@ def standins() -> dict:
     return {PLANNER: ReferenceDecodePlanner, PREFILL_PLANNER: ReferencePrefillPlanner,
             DEVICE_PLANNER: lambda: ReferenceDevicePlanner(indptr=False),
             DEVICE_PREFILL_PLANNER: lambda: ReferenceDevicePlanner(indptr=True)}
-
-
-# The graph-mode decode wrapper's buffer keywords (paged_kv_*_buffer) and plan() signature this
-# adapter calls are those of FlashInfer 0.6; it was checked against 0.6.4 on an H200.
-MIN_VERSION = (0, 6)
-# FlashInfer's float workspace: SGLang's default. 128 MiB overflows in draft extend at bs 256 (the
-# split-KV partial outputs of 1024 query rows), seen on an H200.
-WORKSPACE_BYTES = 384 << 20
-
-
-class FlashInferVersionError(UserError):
-    """FlashInfer is missing, or older than the API this adapter calls."""
-
-
-def _flashinfer():
-    try:
-        import flashinfer
-    except ImportError as e:
-        raise FlashInferVersionError(f"FlashInfer is not installed ({e}); pip install 'attnmeta[flashinfer]', or "
-                                     "serve a backend without a host planner (triton, flashattention)") from None
-    raw = getattr(flashinfer, "__version__", "0")
-    if _version(flashinfer) < MIN_VERSION:
-        raise FlashInferVersionError(f"FlashInfer {raw} is older than {'.'.join(map(str, MIN_VERSION))}, whose "
-                                     "graph-mode decode wrapper this adapter binds (paged_kv_*_buffer keywords); "
-                                     "pip install -U 'flashinfer-python>=0.6'")
-    return flashinfer
-
-
-def _version(fi) -> tuple[int, ...]:
-    return tuple(int(p) for p in getattr(fi, "__version__", "0").split("+")[0].split(".")[:2] if p.isdigit())
 
 
 class FlashInferDecodeAdapter:

@@ -8,11 +8,17 @@ the host mirror ``seq_lens_cpu``, never by copying the device indptr back.
 
 from __future__ import annotations
 
+from attnmeta.backends.flashinfer.planner import (
+    DEVICE_PLANNER,
+    DEVICE_PREFILL_PLANNER,
+    PLANNER,
+    PREFILL_PLANNER,
+    standins,
+)
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
-from attnmeta.planners.flashinfer import DEVICE_PLANNER, DEVICE_PREFILL_PLANNER, PLANNER, PREFILL_PLANNER, standins
 
-from .common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, verify_headroom, verify_mask
+from ..common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, verify_headroom, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 

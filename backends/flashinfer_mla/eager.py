@@ -1,4 +1,4 @@
-"""The hand-written eager twin of backends/flashinfer_mla.py, written the way SGLang's
+"""The hand-written eager twin of backends/flashinfer_mla/spec.py, written the way SGLang's
 FlashInferMLAAttnBackend prepares an MLA step: a persistent kv indptr, a fresh ``kv_indices`` sized
 by the host-known token sum, and the host arrays plan() reads (query indptr, kv indptr, kv
 lengths). The benchmark baseline and a second, independent oracle."""
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .flashinfer import gather_kv_indices
+from ..common import gather_kv_indices
 
 
 class EagerFlashInferMLA:

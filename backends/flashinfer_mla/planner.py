@@ -23,10 +23,9 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
-from .flashinfer import WORKSPACE_BYTES, _flashinfer, _version
-from .flashinfer_mla_plan import MLADevicePlanner, MLALayout, read_regions
-from .flashinfer_plan import sample_lengths
-from .reference import RecordingPlanner, require_host
+from ..flashinfer_lib import WORKSPACE_BYTES, _flashinfer, _version, sample_lengths
+from ..reference import RecordingPlanner, require_host
+from .device_plan import MLADevicePlanner, MLALayout, read_regions
 
 log = logging.getLogger("attnmeta.runtime")
 

@@ -7,17 +7,17 @@ is told pages of one token, whatever the pool's page size) and each request's kv
 mirror ``seq_lens_cpu``, never from copying device values back. Decode attends one query per
 request, not causal; target verify D queries over the prefix and the D drafts, causal (SGLang's
 MLA path takes no tree mask: EAGLE topk 1); draft extend (V2) T query slots per request at a
-fixed stride over the whole sequence, causal. The planner (``planners/flashinfer_mla.py``) plans
+fixed stride over the whole sequence, causal. The planner (``backends/flashinfer_mla/planner.py``) plans
 into the four fields its ``binds`` name; its stand-in serves where FlashInfer is absent.
 """
 
 from __future__ import annotations
 
+from attnmeta.backends.flashinfer_mla.planner import MLA_PLANNER, standins
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
-from attnmeta.planners.flashinfer_mla import MLA_PLANNER, standins
 
-from .common import decode_inputs, host_seq_lens, verify_headroom
+from ..common import decode_inputs, host_seq_lens, verify_headroom
 
 I32 = DType.int32
 

@@ -1,4 +1,4 @@
-"""The hand-written eager twin of backends/flashmla.py, the way SGLang's FlashMLABackend prepares a
+"""The hand-written eager twin of backends/flashmla/spec.py, the way SGLang's FlashMLABackend prepares a
 step: a page table of 64-token pages (the rest of each row left as it was: -1 here), int32 key
 lengths, and FlashMLA's tile schedule of those lengths (``planners.flashmla.schedule``, the
 scheduler's source in Python, line by line: not the kernel the compiled backend launches)."""
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from attnmeta.planners.flashmla import META_WORDS, SCHEDULED, num_sm_parts, schedule
+from attnmeta.backends.flashmla.planner import META_WORDS, SCHEDULED, num_sm_parts, schedule
 
 PAGE = 64
 

@@ -4,7 +4,7 @@ FlashMLA reads a page table of 64-token pages (``block_kv_indices``: page ids, a
 ``create_flashmla_kv_indices_triton`` writes them), the int32 key lengths (``cache_seqlens``),
 and its tile scheduler's output (``tile_scheduler_metadata``, ``num_splits``), which SGLang
 computes every step with FlashMLA's ``get_mla_metadata``. Here the scheduler is a kernel recorded
-with the metadata (``planners/flashmla.py``): its planner plans into the fields it binds and does
+with the metadata (``backends/flashmla/planner.py``): its planner plans into the fields it binds and does
 no host work. Keys: decode the sequence; target verify the prefix and the D drafts; draft extend
 (V2) the prefix and a window of D, as SGLang aligns it. The scheduler's part count follows the
 query tokens per KV head (heads x query tokens per request) and the device's SMs (``sm_count``).
@@ -12,11 +12,11 @@ query tokens per KV head (heads x query tokens per request) and the device's SMs
 
 from __future__ import annotations
 
+from attnmeta.backends.flashmla.planner import META_WORDS, SCHEDULER, num_sm_parts, standins
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, SpecBuilder
-from attnmeta.planners.flashmla import META_WORDS, SCHEDULER, num_sm_parts, standins
 
-from .common import decode_inputs, extend_lens, verify_headroom
+from ..common import decode_inputs, extend_lens, verify_headroom
 
 I32 = DType.int32
 PAGE = 64  # FlashMLA's page size

@@ -1,4 +1,4 @@
-"""Eager twin of backends/triton.py, the way engines write it: persistent
+"""Eager twin of backends/triton/spec.py, the way engines write it: persistent
 indptr, a fresh kv_indices sized by the host-known sum, and the split
 heuristic in torch on device."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .flashinfer import gather_kv_indices
+from ..common import gather_kv_indices
 
 
 class EagerTritonDecode:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 
-from .common import decode_inputs, extend_lens, verify_mask
+from ..common import decode_inputs, extend_lens, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 

@@ -1,4 +1,4 @@
-"""The hand-written eager twin of backends/trtllm_mla.py, the way SGLang's TRTLLMMLABackend prepares a
+"""The hand-written eager twin of backends/trtllm_mla/spec.py, the way SGLang's TRTLLMMLABackend prepares a
 step: a persistent page table at the padded width whose rows get the pages each length covers
 (the rest left as they were: -1 here), and the int32 key lengths."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..trtllm_mla import padded_pages
+from .spec import padded_pages
 
 
 class EagerTRTLLMMLA:

@@ -21,7 +21,7 @@ import attrs
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, SpecBuilder
 
-from .common import decode_inputs, verify_headroom
+from ..common import decode_inputs, verify_headroom
 
 I32 = DType.int32
 TRTLLM_BLOCK_TOKENS = 128  # TRT-LLM: a row's page count is a multiple of 128 / page size

@@ -133,7 +133,7 @@ class Node:
     type: TensorType
     region: Region
     movable: bool = False
-    origin: str = ""  # spec line ("backends/flashinfer.py:31") or "pass:<name>"
+    origin: str = ""  # spec line ("backends/flashinfer/spec.py:31") or "pass:<name>"
 
     @property
     def a(self) -> dict[str, AttrValue]:

@@ -83,7 +83,7 @@ def device_planned(planner: str) -> bool:
     (``seq_lens_cpu`` is None), and then a host planner would have nothing to plan from."""
     if planner != "device":
         return False
-    from attnmeta.planners.flashinfer import DEVICE_PLAN_VERSIONS, _flashinfer, _version
+    from attnmeta.backends.flashinfer.planner import DEVICE_PLAN_VERSIONS, _flashinfer, _version
 
     return _version(_flashinfer()) in DEVICE_PLAN_VERSIONS
 
@@ -179,7 +179,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
                                   plan_on_device=device_planned(planner))
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
-        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+        from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, self.num_head, self.num_kv_head, self.head_dim,
                                                q_dtype=mc.dtype, kv_dtype=self.flashinfer_kv_cache_dtype,

@@ -92,7 +92,7 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None, planner="device"):
         super().__init__(model_runner, topk, speculative_num_steps)
 
-        from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
+        from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         c, mc = self.attn_backends[0], model_runner.model_config
         if self.draft_window_size > 0 or c.num_wrappers != 1:

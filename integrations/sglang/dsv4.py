@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from attnmeta.backends.dsv4 import PAGE
-from attnmeta.backends.dsv4_indexer import PAGE as INDEX_PAGE
+from attnmeta.backends.dsv4.indexer import PAGE as INDEX_PAGE
+from attnmeta.backends.dsv4.spec import PAGE
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.modes import ForwardMode
 

@@ -5,7 +5,7 @@ modes' metadata compiled: ``attnmeta_flashmla``.
 runner), so FlashMLA's kernels, the KV stores, prefill (SGLang's FlashInfer MLA path) and the verify
 mask stay SGLang's code. Decode, idle, target verify and draft extend V2 come from attnmeta's
 ``flashmla`` spec: the 64-token page table, the key lengths and FlashMLA's tile schedule, the last
-computed on the GPU by a kernel recorded with the metadata (``planners/flashmla.py``), where SGLang
+computed on the GPU by a kernel recorded with the metadata (``backends/flashmla/planner.py``), where SGLang
 calls FlashMLA's ``get_mla_metadata`` and copies its result into its graph buffers every step.
 ``forward_metadata`` is SGLang's own ``FlashMLADecodeMetadata`` over the compiled buffers.
 """

@@ -26,7 +26,7 @@ class FlashInferMLABackend(CompiledModes, _SGLangMLA):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, q_indptr_decode_buf)
         from sglang.srt.runtime_context import get_parallel
 
-        from attnmeta.planners.flashinfer_mla import FlashInferMLAAdapter
+        from attnmeta.backends.flashinfer_mla.planner import FlashInferMLAAdapter
 
         mc, par = model_runner.model_config, get_parallel()
         self.num_local_heads = mc.num_attention_heads // par.attn_tp_size

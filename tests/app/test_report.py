@@ -42,7 +42,7 @@ def test_report_is_self_contained_and_its_code_links_land_on_ir_lines(run):
     ids = set(re.findall(r'id="([\w-]+)"', page))
     assert links and set(links) <= ids, sorted(set(links) - ids)
     # every annotated kernel variable names its IR value and the spec line it came from
-    assert re.search(r'# <a class="v" href="#decode-8-kv_indices">%kv_indices</a> .*backends/flashinfer\.py:\d+', page)
+    assert re.search(r'# <a class="v" href="#decode-8-kv_indices">%kv_indices</a> .*backends/flashinfer/spec\.py:\d+', page)
 
 
 @pytest.mark.parametrize("use_dot", [False, pytest.param(True, marks=pytest.mark.skipif(
@@ -192,3 +192,15 @@ def test_without_graphviz_edges_are_arrows_and_a_large_graph_opens_collapsed(tmp
     run = os.path.realpath(tmp_path / "dsv4" / "latest")
     page = open(report.write(run)).read()
     assert page.index(">fused kernel ") < page.index("<summary>the full graph")
+
+
+def test_without_graphviz_the_report_says_how_to_get_its_layout(tmp_path, monkeypatch):
+    """A report written where Graphviz is missing says, once, that its graphs use attnmeta's own layout and how
+    to install Graphviz; with dot on the PATH it says nothing of it."""
+    compile_backend("triton", CompileOptions(max_bs=4, capture_sizes=(4,), dump_dir=str(tmp_path)))
+    run = os.path.realpath(tmp_path / "triton" / "latest")
+    monkeypatch.setattr(draw.shutil, "which", lambda name: None)
+    page = open(report.write(run)).read()
+    assert page.count("Graphviz's <code>dot</code> is not installed") == 1 and "apt install graphviz" in page
+    monkeypatch.setattr(draw.shutil, "which", lambda name: "/usr/bin/dot" if name == "dot" else None)
+    assert report._graphviz_hint() == ""  # (not drawn here: dot may not really be installed)

@@ -65,7 +65,7 @@ def test_device_lengths_without_their_host_mirror_are_guarded_and_reported():
 def test_garbage_in_device_only_fields_is_guarded_on_the_device():
     """DSV4's out_cache_loc exists only on the device: an out-of-range slot reads the reserved entry
     instead of faulting, and the next step raises a BatchError naming the first one."""
-    from attnmeta.backends.eager.dsv4 import swa_table
+    from attnmeta.backends.dsv4.eager import swa_table
 
     L, rows = 600, 8
     cb = compile_backend("dsv4", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L))

@@ -8,12 +8,12 @@ import os
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
-from attnmeta.backends.eager.compare import compare_metadata
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch
 from attnmeta.sim import DecodeModel, GraphRunner
 from attnmeta.sim.attention import attention_from_pool
+from attnmeta.sim.compare import compare_metadata
 from attnmeta.sim.triton_attention import TritonDecodeAttention
 from tests.batches import make_batch, make_pool
 from tests.oracles import padded

@@ -4,8 +4,8 @@ TARGET_VERIFY: captured short, replayed long and padded, == the eager twin."""
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends import get_eager
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import CudaGraph, ReplayView
 from tests.batches import make_batch, make_pool

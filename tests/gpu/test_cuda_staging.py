@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ReplayView
 from tests.batches import make_pool

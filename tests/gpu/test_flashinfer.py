@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 from attnmeta.runtime import ForwardBatch
 from attnmeta.sim import DecodeModel, GraphRunner
 from attnmeta.sim.attention import attention_from_pool, draft_attention_from_pool

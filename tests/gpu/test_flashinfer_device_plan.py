@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
+from attnmeta.backends.flashinfer.device_plan import live_regions
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
-from attnmeta.planners.flashinfer_plan import live_regions
 from attnmeta.runtime import ForwardBatch
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
+from attnmeta.backends.flashinfer_mla.device_plan import MLADevicePlanner, MLALayout, read_regions
+from attnmeta.backends.flashinfer_mla.planner import FlashInferMLAAdapter
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer_mla import FlashInferMLAAdapter
-from attnmeta.planners.flashinfer_mla_plan import MLADevicePlanner, MLALayout, read_regions
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import make_pool
 

@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer import FlashInferDecodeAdapter
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import make_pool
 from tests.oracles import masked_attention_from_pool

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter, run_decode
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer import FlashInferDecodeAdapter, run_decode
 from attnmeta.runtime import ForwardBatch, new_graph
 from attnmeta.sim.attention import attention_from_pool
 

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
+from attnmeta.backends.flashmla.planner import SCHEDULED
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashmla import SCHEDULED
 from attnmeta.runtime import ForwardBatch, ReplayView
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

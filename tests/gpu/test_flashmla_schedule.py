@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from attnmeta.planners.flashmla import META_WORDS, SCHEDULED, num_sm_parts, tile_schedule
+from attnmeta.backends.flashmla.planner import META_WORDS, SCHEDULED, num_sm_parts, tile_schedule
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -12,8 +12,8 @@ from sglang.kernels.ops.attention.dsv4.compress import CompressorDecodePlan, Com
 from sglang.srt.layers.attention.dsv4.compressor_v2 import _extract_positions_from_plan  # noqa: E402
 from sglang.srt.mem_cache.deepseek_v4_memory_pool import get_compress_state_ring_size  # noqa: E402
 
-from attnmeta.backends.dsv4_compress import ring_size  # noqa: E402
-from attnmeta.backends.eager.dsv4 import swa_table  # noqa: E402
+from attnmeta.backends.dsv4.compress import ring_size  # noqa: E402
+from attnmeta.backends.dsv4.eager import swa_table  # noqa: E402
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend  # noqa: E402
 from attnmeta.compiler.ir.errors import UserError  # noqa: E402
 from attnmeta.integrations.sglang.dsv4 import compress_metadata, indexer_inputs  # noqa: E402

@@ -26,7 +26,7 @@ import sglang.srt.layers.attention.deepseek_v4_backend as sgl
 import torch
 from sglang.kernels.ops.attention.dsv4.compress import CompressorDecodePlan, CompressorPrefillPlan
 
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 from attnmeta.integrations.sglang.dsv4_backend import DSV4Backend, dsv4_options

@@ -20,8 +20,8 @@ import random
 
 import torch
 
+from attnmeta.backends.flashmla.planner import SCHEDULED
 from attnmeta.compiler.ir.errors import OptionsError
-from attnmeta.planners.flashmla import SCHEDULED
 from tests import fake_flash_mla
 from tests.integrations.served_pairs import serve, side_by_side
 from tests.integrations.sglang_server import ROWS, Server, decode

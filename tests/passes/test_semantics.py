@@ -6,8 +6,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnmeta.backends import get_spec
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager, get_spec
 from attnmeta.compiler import CompileOptions, ForwardMode
 from attnmeta.compiler.ir import eval_graph, valid_prefix
 from attnmeta.compiler.passes.registry import PassContext
@@ -164,8 +163,8 @@ def test_rows_spec_is_two_kernels():
 @pytest.mark.parametrize("spec_fn", [rich_spec, rows_spec], ids=["rich", "rows"])
 def test_spec_compiles_and_runs_through_the_runtime(spec_fn):
     """The lowered plan (eager and captured on the emulated graph) equals the interpreter."""
+    from attnmeta.backends.reference import ReferenceDecodePlanner
     from attnmeta.compiler import BackendSpec, compile_backend
-    from attnmeta.planners.reference import ReferenceDecodePlanner
     from attnmeta.runtime import ReplayView
 
     spec = BackendSpec("spec", spec_fn, (ForwardMode.DECODE,),  # the rich spec's planner: a stand-in it declares

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import ForwardBatch, ReplayView

@@ -7,7 +7,7 @@ a kernel does not own."""
 import pytest
 import torch
 
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import BatchError, ForwardBatch, ReplayView

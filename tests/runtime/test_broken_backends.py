@@ -4,7 +4,7 @@ caught, by the emulated graph (stale data at replay) or by the runtime."""
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.runtime import CompiledAttentionBackend, ReplayView, StaleBufferError
 from tests.batches import capture, make_batch, make_pool

@@ -4,7 +4,7 @@ random batches, padded sizes, IDLE, and replay data unlike capture data."""
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import ForwardBatch, ReplayView

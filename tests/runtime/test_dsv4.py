@@ -5,7 +5,7 @@ be; compiled metadata == the eager twin through capture, padding and IDLE."""
 import pytest
 import torch
 
-from attnmeta.backends.eager.dsv4 import EagerDSV4Decode, swa_table
+from attnmeta.backends.dsv4.eager import EagerDSV4Decode, swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, SplitError, compile_backend
 from attnmeta.compiler.ir import Region
 from attnmeta.runtime import ForwardBatch, ReplayView

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests import dsv4_plan_oracle as sgl

@@ -55,7 +55,7 @@ def test_a_sequence_without_room_for_what_the_mode_reads_is_refused(name, mode, 
 def extra_pools(name):
     if name != "dsv4":
         return {}
-    from attnmeta.backends.eager.dsv4 import swa_table
+    from attnmeta.backends.dsv4.eager import swa_table
 
     return {"full_to_swa": swa_table(ROWS * L + 1, "cpu")}
 

@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
+from attnmeta.backends.flashinfer import planner as fa
+from attnmeta.backends.flashinfer.device_plan import PlanLayout, live_regions
+from attnmeta.backends.reference import PlanError
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners import flashinfer as fa
-from attnmeta.planners.flashinfer_plan import PlanLayout, live_regions
-from attnmeta.planners.reference import PlanError
 from attnmeta.runtime import ReplayView
 from tests import fake_flashinfer
 from tests import flashinfer_plan_oracle as oracle

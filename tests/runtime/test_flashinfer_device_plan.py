@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnmeta.planners.flashinfer_plan import PlanLayout, plan_on_device
+from attnmeta.backends.flashinfer.device_plan import PlanLayout, plan_on_device
 from tests import flashinfer_plan_oracle as fi
 
 WS = 1 << 16
@@ -112,7 +112,7 @@ def test_the_device_planner_is_trusted_only_where_it_agrees_with_flashinfer():
     """``checked_planner`` replans with FlashInfer's planner (here its transcription) on each sample and
     compares: a planner that would write other words, or a plan info that moves with the lengths,
     is refused (the adapter then keeps the host planner)."""
-    from attnmeta.planners.flashinfer_plan import checked_planner
+    from attnmeta.backends.flashinfer.device_plan import checked_planner
 
     bs, heads = 6, (8, 2)
     ws, state = torch.zeros(WS, dtype=torch.uint8), {}
@@ -146,7 +146,7 @@ def test_the_device_planner_is_trusted_only_where_it_agrees_with_flashinfer():
 def test_a_planner_flashinfer_refuses_to_check_is_not_trusted():
     """FlashInfer raising on a sample leaves nothing to compare with: the device planner is refused and
     the wrapper is planned again for the batch at hand (the last sample)."""
-    from attnmeta.planners.flashinfer_plan import checked_planner
+    from attnmeta.backends.flashinfer.device_plan import checked_planner
 
     bs, seen = 2, []
     info, buf, _ = fi.prefill_plan(_indptr([1] * bs), _indptr([5, 6]), 132, (8, 2), 128, 1, WS)

@@ -6,7 +6,7 @@ interpreter), a program per request and chunk; nothing past the batch's packed b
 import numpy as np
 import torch
 
-from attnmeta.planners.flashinfer import pack_mask
+from attnmeta.backends.flashinfer.planner import pack_mask
 
 
 def test_pack_mask_equals_numpy_packbits_per_request():

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
-from attnmeta.backends.eager.compare import padded
+from attnmeta.backends import get_eager
+from attnmeta.backends.flashinfer_mla.planner import MLA_PLANNER, FlashInferMLAAdapter, ReferenceMLAPlanner
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.planners.flashinfer_mla import MLA_PLANNER, FlashInferMLAAdapter, ReferenceMLAPlanner
 from attnmeta.runtime import ReplayView
 from attnmeta.runtime.planning import PlanError, Site
+from attnmeta.sim.compare import padded
 from tests import fake_flashinfer
 from tests.batches import make_pool
 from tests.engine import batch, build

@@ -1,4 +1,4 @@
-"""FlashInfer's MLA partition on the device (``planners/flashinfer_mla_plan.py``): the Python
+"""FlashInfer's MLA partition on the device (``backends/flashinfer_mla/device_plan.py``): the Python
 transcription of ``MLAPlan`` against cases worked by hand, and the Triton program (in the
 interpreter) against the transcription on random batches, decode and causal verify, with splits,
 empty rows and both cluster sizes. The GPU tier checks both against FlashInfer's own ``plan()``."""
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from attnmeta.planners.flashinfer_mla_plan import MERGE, NAMES, WORK, MLADevicePlanner, MLALayout, mla_plan
+from attnmeta.backends.flashinfer_mla.device_plan import MERGE, NAMES, WORK, MLADevicePlanner, MLALayout, mla_plan
 
 pytestmark = pytest.mark.overflow_checked  # the kernels' own tests: int32 overflow checked
 
@@ -131,8 +131,8 @@ def test_the_adapter_plans_on_the_device_once_checked_else_on_the_host(monkeypat
     import sys
     import types
 
+    from attnmeta.backends.flashinfer_mla.planner import FlashInferMLAAdapter
     from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-    from attnmeta.planners.flashinfer_mla import FlashInferMLAAdapter
     from attnmeta.runtime import ForwardBatch, ReplayView
     from tests.batches import make_pool
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from attnmeta.planners.flashinfer import FlashInferDecodeAdapter, FlashInferVersionError
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter, FlashInferVersionError
 
 
 def test_missing_flashinfer_is_a_clear_error(monkeypatch):
@@ -26,8 +26,8 @@ def test_a_workspace_too_small_is_a_clear_error(monkeypatch):
     """FlashInfer's own overflow message deep in plan() becomes a PlanError naming the setting."""
     import torch
 
+    from attnmeta.backends.reference import PlanError
     from attnmeta.compiler import CompileOptions, compile_backend
-    from attnmeta.planners.reference import PlanError
     from attnmeta.runtime import ForwardBatch, ForwardMode
     from tests.batches import make_pool
 
@@ -67,7 +67,7 @@ def test_the_lean_planner_calls_the_planner_with_plans_arguments():
     lengths from the host indptr (pages of one token), the query indptr 0..bs, graph mode."""
     import torch
 
-    from attnmeta.planners.flashinfer import lean_planner
+    from attnmeta.backends.flashinfer.planner import lean_planner
 
     calls = []
     w = _wrapper(True, calls)
@@ -85,6 +85,6 @@ def test_the_lean_planner_calls_the_planner_with_plans_arguments():
 @pytest.mark.parametrize("version", ["0.7.0", "0.5.9"])
 def test_another_flashinfer_plans_through_plan(version):
     """Only the versions whose plan() internals it repeats get the lean planner; the rest plan()."""
-    from attnmeta.planners.flashinfer import lean_planner
+    from attnmeta.backends.flashinfer.planner import lean_planner
 
     assert lean_planner(types.SimpleNamespace(__version__=version), _wrapper(True, []), (32, 8, 128), 3) is None

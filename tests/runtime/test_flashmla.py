@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
+from attnmeta.backends.flashmla.planner import META_WORDS, SCHEDULED, num_sm_parts, schedule, tile_schedule
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir.errors import OptionsError
-from attnmeta.planners.flashmla import META_WORDS, SCHEDULED, num_sm_parts, schedule, tile_schedule
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import capture, make_pool
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnmeta.backends import get_spec
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import VerifyError, parse, verify
 from attnmeta.runtime import ForwardBatch

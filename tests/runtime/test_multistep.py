@@ -7,7 +7,7 @@ IDLE; sequences without room for the drafts are refused."""
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, OptionsError, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import BatchError, ForwardBatch, ReplayView

@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
-from attnmeta.backends.eager.compare import compare_metadata
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op, Region
 from attnmeta.runtime import ForwardBatch, ReplayView
+from attnmeta.sim.compare import compare_metadata
 from tests.batches import make_pool
 from tests.runtime.test_stagegen import MAX_BS, ROWS, D, L, batch
 

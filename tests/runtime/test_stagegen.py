@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from attnmeta.backends.eager.dsv4 import swa_table
+from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import BatchError, ForwardBatch, ReplayView
 from attnmeta.runtime.stagegen import generate, source

@@ -6,8 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnmeta.backends import get_spec
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager, get_spec
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op
 from attnmeta.runtime import ForwardBatch, ReplayView

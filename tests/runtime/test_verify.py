@@ -5,7 +5,7 @@ hand-computed cases."""
 import pytest
 import torch
 
-from attnmeta.backends.eager import get_eager
+from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.runtime import ForwardBatch, ReplayView
