@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
 from attnmeta.compiler.ir import Graph, Op, Role, SpecBuilder
+from attnmeta.runtime.metadata import step_prefix
 
 from .common import sub_rows
 
@@ -100,10 +101,10 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpe
             for name in SEQ:
                 if name in step:
                     with b.out_graph() if name.endswith("_cpu") else b.in_graph():
-                        step[name] = b.ewise("add", rows[name], s + 1, name=f"step{s}_{name}")
-            out = b.inline(g, step, prefix=f"step{s}_", subs=subs, rewrite=branch_gather) | round_
-            fields.update({f"step{s}_{f}": v for f, v in out.items()})
-            ragged.update({f"step{s}_{o.field}": f"step{s}_{o.ragged_by}" for o in g.outputs if o.ragged_by})
+                        step[name] = b.ewise("add", rows[name], s + 1, name=step_prefix(s) + name)
+            out = b.inline(g, step, prefix=step_prefix(s), subs=subs, rewrite=branch_gather) | round_
+            fields.update({step_prefix(s) + f: v for f, v in out.items()})
+            ragged.update({step_prefix(s) + o.field: step_prefix(s) + o.ragged_by for o in g.outputs if o.ragged_by})
         b.outputs(ragged=ragged, **fields)
         return b.build()
 

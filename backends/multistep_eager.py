@@ -4,10 +4,10 @@ inner backend per step, and with topk > 1 the draft kv indices built by one pass
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import attrs
 import torch
+
+from attnmeta.runtime.metadata import Metadata, step_prefix
 
 
 def draft_kv_indices(req_to_token, rpi: list[int], seq: list[int], it: int, topk: int, num_steps: int,
@@ -38,8 +38,8 @@ class EagerMultiStep:
         self.steps = [make_inner() for _ in range(num_steps)]
         self.S, self.K, self.P, self.per_round = num_steps, topk, page_size, per_round
 
-    def init_forward_metadata(self, fb) -> SimpleNamespace:
-        out, K, bs = SimpleNamespace(), self.K, fb.batch_size
+    def init_forward_metadata(self, fb) -> Metadata:
+        out, K, bs = Metadata(), self.K, fb.batch_size
         rep = (lambda x: x[:bs].repeat_interleave(K)) if K > 1 else (lambda x: x[:bs])
         round_ = {}
         if self.per_round:  # planned once over the prefix, the same for every step
@@ -57,5 +57,5 @@ class EagerMultiStep:
                 meta.kv_indices = draft_kv_indices(inner.req_to_token, fb.req_pool_indices[:bs].tolist(),
                                                    fb.seq_lens_cpu[:bs].tolist(), it, K, self.S, self.P)
             for field, v in (vars(meta) | round_).items():
-                setattr(out, f"step{s}_{field}", v)
+                setattr(out, step_prefix(s) + field, v)
         return out

@@ -9,8 +9,6 @@ and (captured or not) runs in_graph on the same tensors.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import attrs
 import torch
 
@@ -18,6 +16,7 @@ from attnmeta.compiler.lowering.binding import Arg, ArgKind, Binding, Memory
 from attnmeta.compiler.lowering.kernels import k_host_call
 
 from .buffers import Buffers, allocate, view
+from .metadata import Metadata
 from .planning import Site, make_site, planner_call
 from .staging import Stager, _Staged
 
@@ -32,7 +31,7 @@ class BoundPlan:
     in_fn: object
     in_args: list
     crossing: list[torch.Tensor]
-    meta: SimpleNamespace
+    meta: Metadata
     # device work planners add after the metadata graph, recorded with it (FlashInfer's mask packing)
     after_in: list
     sites: dict[str, Site]  # planner node -> its site
@@ -134,7 +133,7 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
         slots.append(_Staged(s, buffers.view(s.host), None if s.dev is None else buffers.view(s.dev), env, cap,
                              full))
     copies = [(buffers.view(d), buffers.view(h)) for d, h in b.copies]
-    meta = SimpleNamespace(**{f: value(a) for f, a in b.fields})
+    meta = Metadata(**{f: value(a) for f, a in b.fields})
     for f in b.planned:
         setattr(meta, f, None)  # set by the planner before every step
     hooks: list = []

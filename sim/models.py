@@ -88,19 +88,20 @@ class DraftModel(DecodeModel):
         n = bs * self.topk
         q, out = self.q[:bs].reshape(n, *self.q.shape[-2:]), self.out[:bs].view(n, *self.q.shape[-2:])
         for s in range(self.num_steps):
-            plan = getattr(meta, f"step{s}_plan", None)
+            step = meta.step(s)  # step s's fields (the multi-step spec's step<s>_ ones)
+            plan = getattr(step, "plan", None)
             if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
                 from attnmeta.backends.flashinfer.planner import run_decode
 
                 run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
                 continue
-            if hasattr(meta, f"step{s}_page_table"):  # FlashAttention's drafter: a page table per step
-                paged_decode_attention_pt(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_page_table")[:n],
-                                          getattr(meta, f"step{s}_cache_seqlens_int32")[:n], self.page_size,
-                                          self.max_len, out=self.step_out[s, :n])
+            if hasattr(step, "page_table"):  # FlashAttention's drafter: a page table per step
+                paged_decode_attention_pt(q, self.k_cache, self.v_cache, step.page_table[:n],
+                                          step.cache_seqlens_int32[:n], self.page_size, self.max_len,
+                                          out=self.step_out[s, :n])
                 continue
-            paged_decode_attention(q, self.k_cache, self.v_cache, getattr(meta, f"step{s}_kv_indptr"),
-                                   getattr(meta, f"step{s}_kv_indices"), self.max_len, out=self.step_out[s, :n])
+            paged_decode_attention(q, self.k_cache, self.v_cache, step.kv_indptr, step.kv_indices, self.max_len,
+                                   out=self.step_out[s, :n])
         out.copy_(self.step_out[:, :n].sum(0))
         return self.out[:bs]
 

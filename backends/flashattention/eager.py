@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import attrs
 import torch
 
+from attnmeta.runtime.metadata import Metadata, step_prefix
+
 
 class EagerFlashAttentionDecode:
     strided_extend = False  # draft extend's queries: each request's accepted tokens
@@ -51,12 +53,11 @@ class EagerFlashAttentionDraft:
         self.num_steps = num_steps
 
     def init_forward_metadata(self, fb) -> SimpleNamespace:
-        out = SimpleNamespace(max_seq_len_q=1)
+        out = Metadata(max_seq_len_q=1)
         for i in range(self.num_steps):
             m = self.step.init_forward_metadata(attrs.evolve(fb, seq_lens=fb.seq_lens + i + 1,
                                                              seq_lens_cpu=fb.seq_lens_cpu + i + 1))
             out.cu_seqlens_q = m.cu_seqlens_q
-            setattr(out, f"step{i}_cache_seqlens_int32", m.cache_seqlens_int32)
-            setattr(out, f"step{i}_cu_seqlens_k", m.cu_seqlens_k)
-            setattr(out, f"step{i}_page_table", m.page_table)
+            for field in ("cache_seqlens_int32", "cu_seqlens_k", "page_table"):
+                setattr(out, step_prefix(i) + field, getattr(m, field))
         return out

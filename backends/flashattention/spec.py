@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.runtime.metadata import step_prefix
 
 from ..common import decode_inputs, extend_lens, verify_headroom
 
@@ -70,9 +71,10 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
     with b.in_graph():
         out["cu_seqlens_q"] = b.arange("bs + 1", name="cu_seqlens_q")
         for i in range(options.num_steps):
-            lens = out[f"step{i}_cache_seqlens_int32"] = b.ewise("add", seq_lens, i + 1)
-            out[f"step{i}_cu_seqlens_k"] = b.cumsum(lens)
-            out[f"step{i}_page_table"] = b.page_table(req_to_token, rpi, lens, page_size=options.page_size, width="W")
+            p = step_prefix(i)
+            lens = out[p + "cache_seqlens_int32"] = b.ewise("add", seq_lens, i + 1)
+            out[p + "cu_seqlens_k"] = b.cumsum(lens)
+            out[p + "page_table"] = b.page_table(req_to_token, rpi, lens, page_size=options.page_size, width="W")
     with b.out_graph():
         out["max_seq_len_q"] = b.full(1, [], I32, Placement.host)
     b.outputs(**out)

@@ -48,7 +48,7 @@ class _Drafter(CompiledModes):
 
 
 def _step(m, s: int, field: str):
-    return getattr(m, f"step{s}_{field}")
+    return getattr(m.step(s), field)
 
 
 class TritonDraftBackend(_Drafter, _SGLangTritonDraft):

@@ -42,7 +42,8 @@ def test_report_is_self_contained_and_its_code_links_land_on_ir_lines(run):
     ids = set(re.findall(r'id="([\w-]+)"', page))
     assert links and set(links) <= ids, sorted(set(links) - ids)
     # every annotated kernel variable names its IR value and the spec line it came from
-    assert re.search(r'# <a class="v" href="#decode-8-kv_indices">%kv_indices</a> .*backends/flashinfer/spec\.py:\d+', page)
+    assert re.search(r'# <a class="v" href="#decode-8-kv_indices">%kv_indices</a> .*backends/flashinfer/spec\.py:\d+',
+                     page)
 
 
 @pytest.mark.parametrize("use_dot", [False, pytest.param(True, marks=pytest.mark.skipif(

@@ -70,6 +70,11 @@ def test_branch_layout_by_hand(page, want):
     assert m.step0_kv_indices[:20].tolist() == want
     assert m.step0_kv_indptr_host.tolist() == [0, 4, 8, 14, 20]  # the planner's, from the host mirror
     assert m.step1_kv_indptr.tolist() == [0, 5, 10, 17, 24]
+    # a step's fields reached by index: the same tensors, live (the planner's result set every step too)
+    assert m.step(1).kv_indptr is m.step1_kv_indptr and m.step(0).plan is m.step0_plan
+    assert "kv_indices" in m.step(0).fields() and not any(f.startswith("step") for f in m.step(0).fields())
+    with pytest.raises(AttributeError, match="no field step2_kv_indptr"):
+        m.step(2).kv_indptr  # noqa: B018 - a step the drafter does not have
 
 
 @pytest.mark.parametrize("topk", [1, 2])
