@@ -40,6 +40,12 @@ def _attend(q, k, v, valid, out):
     return r if out is None else out.copy_(r)
 
 
+def _one(q, k, v):
+    """The oracles' attention of one request: q [H, Dh] over its n keys and values [n, H, Dh]."""
+    s = torch.einsum("hd,nhd->hn", q, k) * q.shape[-1] ** -0.5
+    return torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v)
+
+
 def mla_decode_attention(q, ckv, kpe, kv_indptr, kv_indices, max_len: int, out=None):
     """Multi-head latent attention (DeepSeek's, absorbed) over indptr/indices metadata, static shapes:
     q [bs, H, C + R] (the latent part, then the rope part); ckv [slots, C], kpe [slots, R] (one latent
@@ -77,8 +83,7 @@ def attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq
     for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
         idx = req_to_token[r, :n].long()
         k, v = k_cache[idx].cpu(), v_cache[idx].cpu()  # gather where the pool lives, move only the rows
-        s = torch.einsum("hd,nhd->hn", q[i].cpu(), k) * q.shape[-1] ** -0.5
-        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+        outs.append(_one(q[i].cpu(), k, v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
 
 
@@ -104,8 +109,7 @@ def decode_attention_loop(q, k_cache, v_cache, kv_indptr, kv_indices):
     for i in range(q.shape[0]):
         idx = kv_indices[int(kv_indptr[i]) : int(kv_indptr[i + 1])].long()
         k, v = k_cache[idx], v_cache[idx]  # [n, H, Dh]
-        s = torch.einsum("hd,nhd->hn", q[i], k) * q.shape[-1] ** -0.5
-        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+        outs.append(_one(q[i], k, v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:]))
 
 
@@ -122,7 +126,6 @@ def dsv4_attention_from_pool(q, swa_k, swa_v, c128_k, c128_v, req_to_token, full
         dev = swa_k.device  # gather where the pools live, move only the rows read
         k = torch.cat([swa_k[swa.to(dev)].cpu(), c128_k[comp.to(c128_k.device)].cpu()])
         v = torch.cat([swa_v[swa.to(dev)].cpu(), c128_v[comp.to(c128_v.device)].cpu()])
-        s = torch.einsum("hd,nhd->hn", q[i].cpu(), k) * q.shape[-1] ** -0.5
-        outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+        outs.append(_one(q[i].cpu(), k, v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
 
