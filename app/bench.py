@@ -129,9 +129,10 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
     if not mode.is_decode():
         return _eager_prefill_step(eager, planner, dev, max_bs, mode)
     if planner == "stand-in":
+        from attnmeta.backends.flashinfer.planner import PLANNER
         from attnmeta.backends.reference import ReferenceDecodePlanner
 
-        plan, site = ReferenceDecodePlanner(), Site.detached("flashinfer.decode_plan", mode, max_bs)
+        plan, site = ReferenceDecodePlanner(), Site.detached(PLANNER, mode, max_bs)
 
         def step(fb):
             m = eager.init_forward_metadata(fb)
@@ -156,7 +157,7 @@ def _eager_step(eager, planner: str, dev, max_bs: int, mode=ForwardMode.DECODE):
 def _workspace(mode) -> int:
     """FlashInfer's workspace: SGLang's default for decode; the prefill wrapper's split-KV scratch for
     D query rows per request at bs 256 needs more (about 600 MiB on an H200)."""
-    from attnmeta.backends.flashinfer.planner import WORKSPACE_BYTES
+    from attnmeta.backends.flashinfer_lib import WORKSPACE_BYTES
 
     return WORKSPACE_BYTES if mode.is_decode() else 1 << 30
 
@@ -175,9 +176,10 @@ def _eager_prefill_step(eager, planner: str, dev, max_bs: int, mode):
     FlashInfer packs the drafter's tree mask, handed over on the device as engines do."""
     verify = mode.is_target_verify()
     if planner == "stand-in":
+        from attnmeta.backends.flashinfer.planner import PREFILL_PLANNER
         from attnmeta.backends.reference import ReferencePrefillPlanner
 
-        plan = functools.partial(ReferencePrefillPlanner(), Site.detached("flashinfer.prefill_plan", mode, max_bs))
+        plan = functools.partial(ReferencePrefillPlanner(), Site.detached(PREFILL_PLANNER, mode, max_bs))
     else:
         import flashinfer
 

@@ -95,7 +95,7 @@ def _one_size(bs: int, world) -> dict:
         FlashInferDecodeAdapter(be, *HEADS)
     xqa = None
     if backend == "flashattention":
-        from attnmeta.backends.flashinfer.planner import XQADecode
+        from attnmeta.sim.flashinfer_attention import XQADecode
 
         xqa = XQADecode(dev)
     model = DecodeModel(k, v, compiled.options.max_bs, L, page_size=compiled.options.page_size, q_heads=HEADS[0],

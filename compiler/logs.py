@@ -5,7 +5,9 @@
     ATTNMETA_LOGS=all                  every part
 
 Parts: ``compile`` (what compiled, sizes compiled on demand), ``runtime`` (plans bound, eager
-fallbacks, refused batches). A step logs nothing: staging is on the hot path. Without the variable
+fallbacks, refused batches; the serving-time loggers of the rooms above it are its children, named for
+their room: ``attnmeta.runtime.backends`` for the planners, ``.integrations`` for the engine adapters,
+``.sim`` for the demo engine). A step logs nothing: staging is on the hot path. Without the variable
 attnmeta configures nothing: an application's own logging setup decides, as for any library.
 """
 

@@ -49,7 +49,7 @@ class DecodeModel:
     def forward(self, meta, bs: int) -> torch.Tensor:
         q, out = self.q[:bs], self.out[:bs]
         if hasattr(getattr(meta, "plan", None), "run"):  # a FlashInfer wrapper planned this step
-            from attnmeta.backends.flashinfer.planner import run_decode
+            from .flashinfer_attention import run_decode
 
             return run_decode(meta.plan, q, self.k_cache, self.v_cache, out)
         if hasattr(meta, "num_kv_splits") and not torch_on(q):  # the split-KV Triton kernel (torch: below)
@@ -91,7 +91,7 @@ class DraftModel(DecodeModel):
             step = meta.step(s)  # step s's fields (the multi-step spec's step<s>_ ones)
             plan = getattr(step, "plan", None)
             if hasattr(plan, "run"):  # a FlashInfer wrapper planned this step
-                from attnmeta.backends.flashinfer.planner import run_decode
+                from .flashinfer_attention import run_decode
 
                 run_decode(plan, q, self.k_cache, self.v_cache, self.step_out[s, :n])
                 continue

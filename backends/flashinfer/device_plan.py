@@ -39,7 +39,7 @@ import triton.language as tl
 
 from attnmeta.compiler.lowering.launch import launch
 
-log = logging.getLogger("attnmeta.runtime")
+log = logging.getLogger("attnmeta.runtime.backends")
 
 
 @attrs.frozen

@@ -26,11 +26,11 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
-from ..flashinfer_lib import WORKSPACE_BYTES, FlashInferVersionError, _flashinfer, _version, sample_lengths
+from ..flashinfer_lib import WORKSPACE_BYTES, _flashinfer, _version, sample_lengths
 from ..reference import ReferenceDecodePlanner, ReferenceDevicePlanner, ReferencePrefillPlanner
 from .device_plan import PlanLayout, checked_planner, pack_mask
 
-log = logging.getLogger("attnmeta.backends")
+log = logging.getLogger("attnmeta.runtime.backends")
 
 # The planner names FlashInfer specs declare (``host_call`` targets), one name each for the specs, the
 # stand-ins and FlashInferDecodeAdapter. The *_on_device planners (a spec compiled with plan_on_device)
@@ -299,37 +299,3 @@ def lean_planner(fi, w, heads: tuple[int, int, int], bs: int):
         w._plan_info = module.plan(fws, iws, pws, indptr_host, bs, hq, hkv, 1, True, -1, soft_cap, d, d,
                                    q_empty, kv_empty)
     return plan_cuda_cores
-
-
-def run_decode(wrapper, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor):
-    """Attention through a planned wrapper; caches are token-slot pools [slots, kv_heads, head_dim]."""
-    _, hkv, d = k_cache.shape
-    kv = (k_cache.view(-1, 1, hkv, d), v_cache.view(-1, 1, hkv, d))  # page size 1 pages
-    return wrapper.run(q, kv, out=out)
-
-
-class XQADecode:
-    """FlashInfer's XQA decode kernel over a page table and sequence lengths: no ``plan()``, so no
-    host work per step. It reads exactly what the flashattention spec records in its graph
-    (``page_table`` at the static width, ``cache_seqlens_int32``, viewed as the uint32 XQA takes),
-    so it is captured with the metadata and replayed with it. Paged pools only (pages of 16 or more
-    tokens); SGLang's token-slot layout (page size 1) keeps the planned wrapper."""
-
-    def __init__(self, device, workspace_bytes: int = 256 << 20):
-        fi = _flashinfer()
-        try:
-            from flashinfer.decode import xqa_batch_decode_with_kv_cache
-        except ImportError:
-            raise FlashInferVersionError(f"FlashInfer {fi.__version__} has no XQA decode "
-                                         "(flashinfer.decode.xqa_batch_decode_with_kv_cache); use the planned "
-                                         "decode wrapper (FlashInferDecodeAdapter) or upgrade FlashInfer") from None
-        self._xqa = xqa_batch_decode_with_kv_cache
-        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)  # zero before first use
-
-    def __call__(self, q, k_cache, v_cache, page_table, cache_seqlens, page_size: int, max_seq_len: int, out):
-        """q, out [bs, H, D]; caches are token-slot pools [slots, kv_heads, D] whose pages are P slots."""
-        _, hkv, d = k_cache.shape
-        pages = (k_cache.view(-1, page_size, hkv, d), v_cache.view(-1, page_size, hkv, d))
-        bs = q.shape[0]
-        return self._xqa(q, pages, self.workspace, page_table[:bs], cache_seqlens[:bs].view(torch.uint32),
-                         max_seq_len, bmm1_scale=d ** -0.5, out=out)

@@ -27,7 +27,7 @@ from ..flashinfer_lib import WORKSPACE_BYTES, _flashinfer, _version, sample_leng
 from ..reference import RecordingPlanner, require_host
 from .device_plan import MLADevicePlanner, MLALayout, read_regions
 
-log = logging.getLogger("attnmeta.runtime")
+log = logging.getLogger("attnmeta.runtime.backends")
 
 MLA_PLANNER = "flashinfer.mla_plan"
 LEAN_VERSIONS = ((0, 6),)  # FlashInfer versions whose MLA plan() internals the lean call repeats

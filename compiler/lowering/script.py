@@ -11,7 +11,7 @@ import inspect
 import torch.fx as fx
 
 from ..ir import Graph
-from .binding import Arg, ArgKind, Binding
+from .binding import Arg, ArgKind, Binding, Kind
 from .fx import _Builder
 
 _PRELUDE = '''"""{title}: runs on its own (python this-file.py): a sample batch, every field printed.
@@ -100,8 +100,8 @@ def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
         elif a.kind is ArgKind.batch:
             s = next((s for s in b.slots if r in (s.host, s.dev) or (s.host.offset == r.offset)), None)
             lo, hi = (0, 0) if s is None else s.bounds({"R": R, "N": N})
-            if s is not None and s.kind.value in ("length", "row"):
-                lo, hi = max(lo, 1), min(hi, L if s.kind.value == "length" else R - 1)
+            if s is not None and s.kind in (Kind.length, Kind.row):
+                lo, hi = max(lo, 1), min(hi, L if s.kind is Kind.length else R - 1)
             place = "'cpu'" if r.space.on_host else "dev"
             if s is not None and id(s) in drawn:  # the device field and its host mirror: the same values
                 lines.append(f"    {var} = {drawn[id(s)]}.to({r.dtype}).to({place})  # the same batch as "

@@ -24,7 +24,7 @@ from .kinds import DRAFT_KINDS, KINDS, sglang
 from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
-log = logging.getLogger("attnmeta.integrations")
+log = logging.getLogger("attnmeta.runtime.integrations")
 
 _SGLangFlashInferDraft = sglang("sglang.srt.layers.attention.flashinfer_backend", "FlashInferMultiStepDraftBackend")
 _SGLangTritonDraft = sglang("sglang.srt.layers.attention.triton_backend", "TritonMultiStepDraftBackend")

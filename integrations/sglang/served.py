@@ -27,7 +27,7 @@ from attnmeta.runtime.engine import checker
 
 from .batch import ENGINE_HELPERS, ENGINE_PATHS, MODES, BatchView
 
-log = logging.getLogger("attnmeta.runtime")
+log = logging.getLogger("attnmeta.runtime.integrations")
 
 CAPTURED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
 # the options that shape metadata: a compiled backend must agree with SGLang's resolved ones

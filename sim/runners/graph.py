@@ -24,7 +24,7 @@ from attnmeta.runtime.staging import BatchError, not_a_mode
 
 from ..models import Model
 
-log = logging.getLogger("attnmeta.runtime")
+log = logging.getLogger("attnmeta.runtime.sim")
 
 
 class StaleOutputError(UserError, RuntimeError):

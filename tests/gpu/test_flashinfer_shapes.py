@@ -12,10 +12,11 @@ import random
 import pytest
 import torch
 
-from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter, run_decode
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, new_graph
 from attnmeta.sim.attention import attention_from_pool
+from attnmeta.sim.flashinfer_attention import run_decode
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]

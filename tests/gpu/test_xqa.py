@@ -39,7 +39,7 @@ def oracle(q, k, v, pool, rows, lens):
 
 @pytest.mark.parametrize("P", [16, 32, 64])
 def test_xqa_reads_the_recorded_page_table(P):
-    from attnmeta.backends.flashinfer.planner import XQADecode
+    from attnmeta.sim.flashinfer_attention import XQADecode
 
     dev = torch.device("cuda")
     pool = paged_pool(P, dev)

@@ -6,7 +6,8 @@ import types
 
 import pytest
 
-from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter, FlashInferVersionError
+from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
+from attnmeta.backends.flashinfer_lib import FlashInferVersionError
 
 
 def test_missing_flashinfer_is_a_clear_error(monkeypatch):
