@@ -121,15 +121,20 @@ class Places:
             out.append(Slot(b.name, dev.name if dev is not None and dev.name != b.name else None, host,
                             None if dev is None else Span(Memory.staging_dev, base, host.dtype, (n,)),
                             per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why, fix,
-                            None if rel is None else (slot_of[rel[0]], self._bound(rel[1]),
-                                                      f"{rel_in.name} - {rel[0]} <= {self._bound(rel[1])}")))
+                            None if rel is None else self._relation(rel_in.name, slot_of[rel[0]], rel)))
         return tuple(out)
 
-    def _bound(self, e) -> sympy.Expr:
-        return sympy.sympify(e.xreplace({SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}))
+    def _env(self) -> dict:
+        """The config symbols' values (bs stays a symbol: one layout serves every size)."""
+        return {SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}
+
+    def _relation(self, name: str, other_slot: str, rel) -> tuple[str, sympy.Expr, str]:
+        """A per-row bound for the Slot: the other slot, the bound of name - other, and how the error says it."""
+        bound = sympy.sympify(rel[1].xreplace(self._env()))
+        return other_slot, bound, f"{name} - {rel[0]} <= {bound}"
 
     def _bounds(self, kind: Kind, declared, i) -> tuple[int, sympy.Expr, str, str]:
-        env = {SYMBOLS[k]: v for k, v in self.g.env.items() if k in SYMBOLS and k != "bs"}
+        env = self._env()
         info = torch.iinfo(i.type.dtype.torch)
         if kind is Kind.length:
             hi = declared if declared is not None else SYMBOLS["L"]

@@ -20,7 +20,7 @@ import logging
 from attnmeta.compiler.ir.errors import OptionsError
 
 from .backend import device_planned, split_scratch
-from .kinds import DRAFT_KINDS, KINDS, sglang
+from .kinds import KINDS, sglang
 from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
@@ -148,4 +148,4 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     DraftBackendFactory._create_backend = _create_backend
 
 
-__all__ = ["DRAFT_KINDS", "FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]
+__all__ = ["FlashInferDraftBackend", "TritonDraftBackend", "patch_draft_factory"]

@@ -22,13 +22,6 @@ from attnmeta.compiler.ir.errors import OptionsError
 from .kinds import DRAFT_KINDS, KIND, NAMES
 from .options import planner
 
-KINDS = NAMES  # every kind, in kinds.py's order
-
-
-def backend_class(kind: str, mla: bool = False):
-    """attnmeta's class of ``kind`` (it imports SGLang's backend of that kind: only when asked)."""
-    return KIND[kind].face_class(mla)
-
 
 def _artifact(artifact: str | None):
     path = artifact or os.environ.get("ATTNMETA_ARTIFACT")
@@ -75,7 +68,7 @@ def register(prefix: str = "attnmeta_", artifact: str | None = None) -> list[str
     from .draft import patch_draft_factory
 
     names = []
-    for kind in KINDS:
+    for kind in NAMES:
         name = prefix + kind
         register_attention_backend(name)(factory(kind, artifact))
         if name not in choices.ATTENTION_BACKEND_CHOICES:
@@ -103,7 +96,7 @@ class _KindView:
         value = getattr(self._view, name)
         if name in _BACKEND_FIELDS and isinstance(value, str) and value.startswith(self._prefix):
             kind = value[len(self._prefix):]
-            return kind if kind in KINDS else value
+            return kind if kind in NAMES else value
         return value
 
 
