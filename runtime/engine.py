@@ -29,7 +29,7 @@ import logging
 import attrs
 import torch
 
-from .guard import INTS, ingest, safe_range
+from .guard import INTS, Feed, ingest, safe_range
 
 log = logging.getLogger("attnmeta.runtime")
 
@@ -54,10 +54,8 @@ class Engine:
 
     def ingest(self) -> None:
         """in_graph: the engine's values into the graph's buffers, when the step's view was the engine's."""
-        for e in self.inputs:
-            lo, hi, clamp = safe_range(e.slot, bound=True)
-            ingest(e.tensor, e.slot.dev, e.n, lo, hi, clamp=clamp, flag=self.guard.flag, field=e.field,
-                   word=self.word.tensor, when=1)
+        ingest([Feed(e.tensor, e.slot.dev, e.n, *safe_range(e.slot, bound=True), e.field) for e in self.inputs],
+               self.guard.flag, word=self.word.tensor, when=1)
 
 
 class EngineWord:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 
+import attrs
 import torch
 import triton
 import triton.language as tl
@@ -38,37 +39,58 @@ SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, 
 BLOCK = 256
 
 
-@triton.jit(do_not_specialize=["n", "lo", "hi", "fill", "field"])  # a 1 would become a constant
-def _ingest_kernel(src, dst, n, lo, hi, fill, sentinel, flag, field, word,
-                   CLAMP: tl.constexpr, PADDED: tl.constexpr, GATED: tl.constexpr, WHEN: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    # One program: src[:n] narrowed into dst[:n]; a value outside [lo, hi] replaced (a length clamped,
-    # anything else by 0), a sentinel (PADDED) written as the fill; the first bad row into the record
-    # unless it already holds one (set last, so a host that sees it set may read the rest after a sync).
+@triton.jit
+def _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP: tl.constexpr, PADDED: tl.constexpr,
+                BLOCK: tl.constexpr):
+    # src[:n] narrowed into dst[:n]; a value outside [lo, hi] replaced (a length clamped, anything else by 0),
+    # a sentinel (PADDED) written as the fill; the first bad row into the record unless it already holds one
+    # (set last, so a host that sees it set may read the rest after a sync).
+    first = n + 0 * tl.program_id(0)  # a tensor from the start: it is carried through the loop
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < n
+        v = tl.load(src + offs, mask=m, other=0).to(tl.int64)
+        pad = m & (v == sentinel) & PADDED
+        bad = m & ((v < lo) | (v > hi)) & (pad == 0)
+        if CLAMP:
+            safe = tl.minimum(tl.maximum(v, lo), hi)
+        else:
+            safe = tl.zeros_like(v)
+        out = tl.where(pad, fill, tl.where(bad, safe, v))
+        tl.store(dst + offs, out.to(dst.dtype.element_ty), mask=m)
+        first = tl.minimum(first, tl.min(tl.where(bad, offs, n), axis=0))
+    if first < n:
+        if tl.load(flag) == 0:
+            tl.store(flag + 1, field + 0 * first.to(tl.int64))
+            tl.store(flag + 2, first.to(tl.int64))
+            tl.store(flag + 3, tl.load(src + first).to(tl.int64))
+            tl.store(flag, 1)
+
+
+# a 1 would become a constant: every count, bound, fill and field index stays an argument
+_SCALARS = [f"{k}{i}" for i in range(4) for k in ("n", "lo", "hi", "fill", "field")]
+
+
+@triton.jit(do_not_specialize=_SCALARS)
+def _ingest_kernel(flag, word, sentinel,
+                   src0, dst0, n0, lo0, hi0, fill0, field0, src1, dst1, n1, lo1, hi1, fill1, field1,
+                   src2, dst2, n2, lo2, hi2, fill2, field2, src3, dst3, n3, lo3, hi3, fill3, field3,
+                   NUM: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+                   P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
+                   GATED: tl.constexpr, WHEN: tl.constexpr, BLOCK: tl.constexpr):
+    # One program, up to four fields one after another (one launch, one graph node, for a step's fields);
+    # the first bad value of the first bad field is the one recorded, as launches in this order would.
     go = 1
     if GATED:  # on a graph bound to an engine's buffers: only on the steps fed the way WHEN says
         go = (tl.load(word) == WHEN).to(tl.int32)
     if go != 0:
-        first = n + 0 * tl.program_id(0)  # a tensor from the start: it is carried through the loop
-        for start in range(0, n, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < n
-            v = tl.load(src + offs, mask=m, other=0).to(tl.int64)
-            pad = m & (v == sentinel) & PADDED
-            bad = m & ((v < lo) | (v > hi)) & (pad == 0)
-            if CLAMP:
-                safe = tl.minimum(tl.maximum(v, lo), hi)
-            else:
-                safe = tl.zeros_like(v)
-            out = tl.where(pad, fill, tl.where(bad, safe, v))
-            tl.store(dst + offs, out.to(dst.dtype.element_ty), mask=m)
-            first = tl.minimum(first, tl.min(tl.where(bad, offs, n), axis=0))
-        if first < n:
-            if tl.load(flag) == 0:
-                tl.store(flag + 1, field + 0 * first.to(tl.int64))
-                tl.store(flag + 2, first.to(tl.int64))
-                tl.store(flag + 3, tl.load(src + first).to(tl.int64))
-                tl.store(flag, 1)
+        _ingest_one(src0, dst0, n0, lo0, hi0, fill0, sentinel, flag, field0, C0, P0, BLOCK)
+        if NUM > 1:
+            _ingest_one(src1, dst1, n1, lo1, hi1, fill1, sentinel, flag, field1, C1, P1, BLOCK)
+        if NUM > 2:
+            _ingest_one(src2, dst2, n2, lo2, hi2, fill2, sentinel, flag, field2, C2, P2, BLOCK)
+        if NUM > 3:
+            _ingest_one(src3, dst3, n3, lo3, hi3, fill3, sentinel, flag, field3, C3, P3, BLOCK)
 
 
 def _ingest_torch(src, dst, n, lo, hi, fill, flag, field, word, when, clamp, padded) -> None:
@@ -87,19 +109,44 @@ def _ingest_torch(src, dst, n, lo, hi, fill, flag, field, word, when, clamp, pad
         flag[0] = 1
 
 
-def ingest(src: torch.Tensor, dst: torch.Tensor, n: int, lo: int, hi: int, *, clamp: bool, flag: torch.Tensor,
-           field: int, fill: int = 0, padded: bool = False, word: torch.Tensor | None = None, when: int = 1
-           ) -> None:
-    """``src[:n]`` checked and narrowed into ``dst[:n]`` on the device (see the module doc); with ``word``,
-    only when ``word[0] == when`` (read by the kernel, so a replayed graph follows it)."""
-    if n <= 0:
+@attrs.frozen
+class Feed:
+    """One field for ``ingest``: ``src[:n]`` checked against [lo, hi] and narrowed into ``dst[:n]``."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    n: int
+    lo: int
+    hi: int
+    clamp: bool  # a length is clamped into range; anything else replaced by 0
+    field: int  # its index in the record
+    fill: int = 0
+    padded: bool = False  # src rows holding SENTINEL are padding: written as the fill, not checked
+
+
+def ingest(feeds: list[Feed], flag: torch.Tensor, word: torch.Tensor | None = None, when: int = 1) -> None:
+    """Every feed's values checked and narrowed into its buffer on the device (see the module doc), up to four
+    fields per launch; with ``word``, only when ``word[0] == when`` (read by the kernel, so a replayed graph
+    follows it)."""
+    feeds = [f for f in feeds if f.n > 0]
+    if not feeds:
         return
-    if torch_on(dst):
-        launch(lambda: _ingest_torch(src, dst, n, lo, hi, fill, flag, field, word, when, clamp, padded))
+    if torch_on(feeds[0].dst):
+        for f in feeds:
+            launch(lambda f=f: _ingest_torch(f.src, f.dst, f.n, f.lo, f.hi, f.fill, flag, f.field, word, when, f.clamp,
+                                             f.padded))
         return
     gated = word is not None
-    args = (src, dst, n, lo, hi, fill, SENTINEL, flag, field, word if gated else flag)
-    launch(lambda: _ingest_kernel[(1,)](*args, CLAMP=clamp, PADDED=padded, GATED=gated, WHEN=when, BLOCK=BLOCK))
+    for k in range(0, len(feeds), 4):
+        group = feeds[k : k + 4]
+        pad = group + [group[0]] * (4 - len(group))  # unused slots: never run (NUM), any valid arguments
+        args = [flag, word if gated else flag, SENTINEL]
+        for f in pad:
+            args += [f.src, f.dst, f.n, f.lo, f.hi, f.fill, f.field]
+        flags = {**{f"C{i}": f.clamp for i, f in enumerate(pad)}, **{f"P{i}": f.padded for i, f in enumerate(pad)},
+                 "NUM": len(group)}
+        launch(lambda args=args, flags=flags: _ingest_kernel[(1,)](*args, **flags, GATED=gated, WHEN=when,
+                                                                   BLOCK=BLOCK))
 
 
 def safe_range(s, bound: bool = False) -> tuple[int, int, bool]:
@@ -151,10 +198,11 @@ class DeviceGuard:
         """Check and narrow the fed values into the graph's buffers (device work, recorded in a graph
         when captured); the record is written in place. With ``word`` (a graph bound to an engine's
         buffers, runtime/engine.py), only on steps that staged (``word`` clear)."""
+        feeds = []
         for s, total, field in entries:
             lo, hi, clamp = safe_range(s)
-            ingest(s.raw, s.dev, total, lo, hi, clamp=clamp, flag=self.flag, field=field, fill=s.fill, padded=True,
-                   word=word, when=0)
+            feeds.append(Feed(s.raw, s.dev, total, lo, hi, clamp, field, fill=s.fill, padded=True))
+        ingest(feeds, self.flag, word=word, when=0)
 
     def raise_pending(self, when: str = "an earlier step") -> None:
         """Raise what the record holds, if anything. An error path: it waits for the device, so the
