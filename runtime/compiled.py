@@ -22,7 +22,7 @@ from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
 from .engine import EngineWord, bind_engine
 from .errors import BatchError
-from .guard import DeviceGuard
+from .guard import DeviceGuard, ingest
 from .staging import not_a_mode
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
@@ -197,10 +197,10 @@ class CompiledAttentionBackend(AttentionBackend):
         b = self._current
         if b is None or b.bs != getattr(fb, "batch_size", None):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
+        # one launch (recorded when captured): the device-only fields' checks of a staged step and, on a graph
+        # bound to the engine's buffers, those buffers read in place, each side gated by the word
         bound = b.engine is not None
-        b.stager.apply_guards(self._word.tensor if bound else None)  # device-only fields' checks, recorded
-        if bound:
-            b.engine.ingest()  # the engine's buffers, read in place (on the steps that handed them)
+        ingest(b.stager.guard_feeds(bound) + (b.engine.feeds() if bound else []), self._guard.flag, self._word.tensor)
         b.in_fn(*b.in_args)
         for fn in b.after_in:  # planners' device work (FlashInfer's partition, its mask packing)
             fn()

@@ -29,7 +29,7 @@ import logging
 import attrs
 import torch
 
-from .guard import INTS, Feed, ingest, safe_range
+from .guard import INTS, Feed, safe_range
 
 log = logging.getLogger("attnmeta.runtime")
 
@@ -52,10 +52,9 @@ class Engine:
         self.inputs, self.word, self.guard = inputs, word, guard
         self.backed = checker(inputs)
 
-    def ingest(self) -> None:
-        """in_graph: the engine's values into the graph's buffers, when the step's view was the engine's."""
-        ingest([Feed(e.tensor, e.slot.dev, e.n, *safe_range(e.slot, bound=True), e.field) for e in self.inputs],
-               self.guard.flag, word=self.word.tensor, when=1)
+    def feeds(self) -> list[Feed]:
+        """in_graph: the engine's values into the graph's buffers, on the steps whose view was the engine's."""
+        return [Feed(e.tensor, e.slot.dev, e.n, *safe_range(e.slot, bound=True), e.field, when=1) for e in self.inputs]
 
 
 class EngineWord:

@@ -67,6 +67,16 @@ def _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP: tl.cons
             tl.store(flag, 1)
 
 
+@triton.jit
+def _gated(w, W: tl.constexpr, src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP: tl.constexpr,
+           PADDED: tl.constexpr, BLOCK: tl.constexpr):
+    if W == -1:  # resolved when compiled: an ungated field has no branch
+        _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP, PADDED, BLOCK)
+    else:
+        if w == W:
+            _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP, PADDED, BLOCK)
+
+
 # a 1 would become a constant: every count, bound, fill and field index stays an argument
 _SCALARS = [f"{k}{i}" for i in range(4) for k in ("n", "lo", "hi", "fill", "field")]
 
@@ -77,35 +87,39 @@ def _ingest_kernel(flag, word, sentinel,
                    src2, dst2, n2, lo2, hi2, fill2, field2, src3, dst3, n3, lo3, hi3, fill3, field3,
                    NUM: tl.constexpr, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
                    P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
-                   GATED: tl.constexpr, WHEN: tl.constexpr, BLOCK: tl.constexpr):
+                   W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
+                   GATED: tl.constexpr, BLOCK: tl.constexpr):
     # One program, up to four fields one after another (one launch, one graph node, for a step's fields);
     # the first bad value of the first bad field is the one recorded, as launches in this order would.
-    go = 1
-    if GATED:  # on a graph bound to an engine's buffers: only on the steps fed the way WHEN says
-        go = (tl.load(word) == WHEN).to(tl.int32)
-    if go != 0:
-        _ingest_one(src0, dst0, n0, lo0, hi0, fill0, sentinel, flag, field0, C0, P0, BLOCK)
-        if NUM > 1:
-            _ingest_one(src1, dst1, n1, lo1, hi1, fill1, sentinel, flag, field1, C1, P1, BLOCK)
-        if NUM > 2:
-            _ingest_one(src2, dst2, n2, lo2, hi2, fill2, sentinel, flag, field2, C2, P2, BLOCK)
-        if NUM > 3:
-            _ingest_one(src3, dst3, n3, lo3, hi3, fill3, sentinel, flag, field3, C3, P3, BLOCK)
+    # Field i runs always (Wi == -1) or, on a graph bound to an engine's buffers, only on the steps the
+    # word says were fed its way (Wi == word): the engine's buffers and the staged copies of the same
+    # slots share one launch, each side gated.
+    w = 0
+    if GATED:
+        w = tl.load(word)
+    _gated(w, W0, src0, dst0, n0, lo0, hi0, fill0, sentinel, flag, field0, C0, P0, BLOCK)
+    if NUM > 1:
+        _gated(w, W1, src1, dst1, n1, lo1, hi1, fill1, sentinel, flag, field1, C1, P1, BLOCK)
+    if NUM > 2:
+        _gated(w, W2, src2, dst2, n2, lo2, hi2, fill2, sentinel, flag, field2, C2, P2, BLOCK)
+    if NUM > 3:
+        _gated(w, W3, src3, dst3, n3, lo3, hi3, fill3, sentinel, flag, field3, C3, P3, BLOCK)
 
 
-def _ingest_torch(src, dst, n, lo, hi, fill, flag, field, word, when, clamp, padded) -> None:
-    """The kernel's CPU twin (one opaque launch: its reads of the device values are device-side reads)."""
-    if word is not None and int(word[0]) != when:
+def _ingest_torch(f: Feed, flag, word) -> None:
+    """The kernel's CPU twin for one field (one opaque launch: its reads of the device values are device-side
+    reads)."""
+    if f.when != -1 and int(word[0]) != f.when:
         return
-    v = src[:n].to(torch.int64)
-    pad = v == SENTINEL if padded else torch.zeros_like(v, dtype=torch.bool)
-    bad = ((v < lo) | (v > hi)) & ~pad
-    safe = v.clamp(lo, hi) if clamp else torch.zeros_like(v)
-    dst[:n].copy_(torch.where(pad, torch.full_like(v, fill), torch.where(bad, safe, v)))
+    v = f.src[:f.n].to(torch.int64)
+    pad = v == SENTINEL if f.padded else torch.zeros_like(v, dtype=torch.bool)
+    bad = ((v < f.lo) | (v > f.hi)) & ~pad
+    safe = v.clamp(f.lo, f.hi) if f.clamp else torch.zeros_like(v)
+    f.dst[:f.n].copy_(torch.where(pad, torch.full_like(v, f.fill), torch.where(bad, safe, v)))
     rows = bad.nonzero()
     if rows.numel() and int(flag[0]) == 0:
         row = int(rows[0, 0])
-        flag[1:] = torch.tensor([field, row, int(src[row])], dtype=torch.int64)
+        flag[1:] = torch.tensor([f.field, row, int(f.src[row])], dtype=torch.int64)
         flag[0] = 1
 
 
@@ -122,31 +136,33 @@ class Feed:
     field: int  # its index in the record
     fill: int = 0
     padded: bool = False  # src rows holding SENTINEL are padding: written as the fill, not checked
+    when: int = -1  # -1: every launch; 0 or 1: only when the launch's word says so
 
 
-def ingest(feeds: list[Feed], flag: torch.Tensor, word: torch.Tensor | None = None, when: int = 1) -> None:
+def ingest(feeds: list[Feed], flag: torch.Tensor, word: torch.Tensor | None = None) -> None:
     """Every feed's values checked and narrowed into its buffer on the device (see the module doc), up to four
-    fields per launch; with ``word``, only when ``word[0] == when`` (read by the kernel, so a replayed graph
-    follows it)."""
+    fields per launch; a feed with ``when`` 0 or 1 only when ``word[0]`` says so (read by the kernel, so a
+    replayed graph follows it)."""
     feeds = [f for f in feeds if f.n > 0]
     if not feeds:
         return
+    gated = any(f.when != -1 for f in feeds)
+    if gated and word is None:
+        raise ValueError("a feed gated by the word (when 0 or 1) needs the word")
     if torch_on(feeds[0].dst):
         for f in feeds:
-            launch(lambda f=f: _ingest_torch(f.src, f.dst, f.n, f.lo, f.hi, f.fill, flag, f.field, word, when, f.clamp,
-                                             f.padded))
+            launch(lambda f=f: _ingest_torch(f, flag, word))
         return
-    gated = word is not None
     for k in range(0, len(feeds), 4):
         group = feeds[k : k + 4]
         pad = group + [group[0]] * (4 - len(group))  # unused slots: never run (NUM), any valid arguments
         args = [flag, word if gated else flag, SENTINEL]
         for f in pad:
             args += [f.src, f.dst, f.n, f.lo, f.hi, f.fill, f.field]
-        flags = {**{f"C{i}": f.clamp for i, f in enumerate(pad)}, **{f"P{i}": f.padded for i, f in enumerate(pad)},
-                 "NUM": len(group)}
-        launch(lambda args=args, flags=flags: _ingest_kernel[(1,)](*args, **flags, GATED=gated, WHEN=when,
-                                                                   BLOCK=BLOCK))
+        flags = {"NUM": len(group), "GATED": gated, "BLOCK": BLOCK}
+        for i, f in enumerate(pad):
+            flags |= {f"C{i}": f.clamp, f"P{i}": f.padded, f"W{i}": f.when}
+        launch(lambda args=args, flags=flags: _ingest_kernel[(1,)](*args, **flags))
 
 
 def safe_range(s, bound: bool = False) -> tuple[int, int, bool]:
@@ -194,15 +210,18 @@ class DeviceGuard:
         s.raw_top = live
         return s, total, s.field
 
-    def apply(self, entries: list[tuple], word: torch.Tensor | None = None) -> None:
-        """Check and narrow the fed values into the graph's buffers (device work, recorded in a graph
-        when captured); the record is written in place. With ``word`` (a graph bound to an engine's
-        buffers, runtime/engine.py), only on steps that staged (``word`` clear)."""
+    def feeds(self, entries: list[tuple], when: int = -1) -> list[Feed]:
+        """The fed values' feeds for ``ingest``: each checked and narrowed into the graph's buffer; ``when`` 0 on
+        a graph bound to an engine's buffers (runtime/engine.py): only on steps that staged."""
         feeds = []
         for s, total, field in entries:
             lo, hi, clamp = safe_range(s)
-            feeds.append(Feed(s.raw, s.dev, total, lo, hi, clamp, field, fill=s.fill, padded=True))
-        ingest(feeds, self.flag, word=word, when=0)
+            feeds.append(Feed(s.raw, s.dev, total, lo, hi, clamp, field, fill=s.fill, padded=True, when=when))
+        return feeds
+
+    def apply(self, entries: list[tuple]) -> None:
+        """Check and narrow the fed values into the graph's buffers now (device work)."""
+        ingest(self.feeds(entries), self.flag)
 
     def raise_pending(self, when: str = "an earlier step") -> None:
         """Raise what the record holds, if anything. An error path: it waits for the device, so the

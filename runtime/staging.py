@@ -35,7 +35,7 @@ from attnmeta.compiler.lowering.binding import Kind, Slot
 
 from .errors import BatchError
 from .guard import INTS as _INTS
-from .guard import DeviceGuard
+from .guard import DeviceGuard, ingest
 from .stagegen import generate
 
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
@@ -260,11 +260,15 @@ class Stager:
         if late or capture or self.guarded or self.recorded:
             self._guard_device_fields(late, raw, capture)
 
-    def apply_guards(self, word: torch.Tensor | None = None) -> None:
-        """in_graph's part of the device checks (recorded with the metadata kernels when captured); with
-        ``word``, the plan's graph is bound to an engine's buffers and checks these only on staged steps."""
-        if self.guarded:
-            self.guard.apply(self.guarded, word)
+    def guard_feeds(self, bound: bool = False) -> list:
+        """in_graph's part of the device checks (``guard.ingest`` feeds, recorded with the metadata kernels when
+        captured); ``bound``: the plan's graph is bound to an engine's buffers and checks these only on staged
+        steps."""
+        return self.guard.feeds(self.guarded, when=0 if bound else -1)
+
+    def apply_guards(self) -> None:
+        """The device checks of the fields fed this step, launched now (an unbound graph's in_graph)."""
+        ingest(self.guard_feeds(), self.guard.flag)
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):
