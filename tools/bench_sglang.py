@@ -17,8 +17,10 @@ view is built before the clock starts, the same for both). The device is idle wh
 (synchronized before, outside the clock). ``core`` is attnmeta's compiled backend alone on the same
 batches (its out_graph on a filled view + the same replay): the SGLang-facing layer costs
 ``attnmeta - core``. ``floor`` is the harness with no backend in it: the same view + replaying a graph
-of one kernel, the least any backend's step can cost here; ``over`` is attnmeta's step minus it. Two
-blocks per size, SGLang first then attnmeta first; medians per side.
+of one kernel, the least any backend's step can cost here; ``over`` is attnmeta's step minus it; ``a 2nd
+node`` is what the same floor costs more with two kernels in its graph (what one more graph node costs on
+this host). Every timer runs step by step beside the others, in one order then the reverse (SGLang first,
+then the floor first); medians per timer.
 
 After every timed step, outside the clock, the rows each side's kernels read are copied; at the end
 every step's copies are compared field by field (triton: SGLang's ``ForwardMetadata`` fields;
@@ -219,9 +221,10 @@ def core_step(backend, runner, mode, prep) -> float:
 
 class Floor:
     """The harness's floor: the step's view (built as SGLang's runner builds it) + the replay of a graph that
-    records one kernel, no backend called."""
+    records ``kernels`` kernels (1: the least any backend's step can cost here; 2: what one more graph node
+    costs), no backend called."""
 
-    def __init__(self, runner: Runners, mode: str):
+    def __init__(self, runner: Runners, mode: str, kernels: int = 1):
         from attnmeta.runtime import new_graph
 
         self.runner, self.mode, self.graphs = runner, mode, {}
@@ -229,7 +232,8 @@ class Floor:
         for bs in runner.sizes:
             g = new_graph(torch.device(runner.server.device))
             with g.capture():
-                self.x.add_(1)
+                for _ in range(kernels):
+                    self.x.add_(1)
             self.graphs[bs] = g
 
     def step(self, prep) -> float:
@@ -301,29 +305,29 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
             r.capture(lambda bs, r=r: make(bs, r), mode)
         sides.append(Side(name, be, r, mode, kind))
     rows = []
-    floor = Floor(sides[1].runner, mode)
+    floors = {f"floor{k}": Floor(sides[1].runner, mode, k) for k in (1, 2)}
     for bs in [x for x in sizes if x in sides[0].runner.sizes]:
         preps = prepare(s, mode, bs, iters, sides[0].runner.fill, D, rng)
-        t = {"sglang": [], "attnmeta": [], "core": [], "floor": []}
+        # every timer step by step, in one order then the reverse, so drift of the host's speed over the run
+        # falls on all of them alike (the floor is compared with attnmeta's step, so it is timed beside it)
+        timers = [(side.name, side.step) for side in sides]
+        timers += [("core", lambda p: core_step(ours_be, sides[1].runner, mode, p))] + \
+                  [(k, f.step) for k, f in floors.items()]
+        t = {name: [] for name, _ in timers}
         reads = {"sglang": [], "attnmeta": []}
         with s.active():
-            for order in (sides, sides[::-1]):
-                for side in order:
-                    for p in preps:
-                        SYNC()
-                        t[side.name].append(side.step(p))
-                        SYNC()
-                        if order is sides:  # the copies of one block are enough to compare every step
-                            reads[side.name].append(side.read(p))
-            for _ in range(2):
+            for order in (timers, timers[::-1]):
                 for p in preps:
-                    SYNC()
-                    t["core"].append(core_step(ours_be, sides[1].runner, mode, p))
-                    SYNC()
-                    t["floor"].append(floor.step(p))
+                    for name, step in order:
+                        SYNC()
+                        t[name].append(step(p))
+                        SYNC()
+                        if order is timers and name in reads:  # one block's copies compare every step
+                            reads[name].append(next(x for x in sides if x.name == name).read(p))
+        t["floor"] = t.pop("floor1")
         med = {k: statistics.median(v) * 1e6 for k, v in t.items()}
         half = {k: (statistics.median(v[:iters]) * 1e6, statistics.median(v[iters:]) * 1e6)
-                for k, v in t.items() if k not in ("core", "floor")}
+                for k, v in t.items() if k in ("sglang", "attnmeta")}
         ok = sum(equal(a, b) for a, b in zip(reads["sglang"], reads["attnmeta"], strict=True))
         if kind.startswith("mla"):  # which half differs, if any: the indices or FlashInfer's plan words
             pairs = list(zip(reads["sglang"], reads["attnmeta"], strict=True))
@@ -332,6 +336,7 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
                   flush=True)
         rows.append(dict(kind=kind, page=s.runner.page_size, mode=mode, bs=bs, sglang_us=med["sglang"],
                          attnmeta_us=med["attnmeta"], core_us=med["core"], floor_us=med["floor"],
+                         floor2_us=med["floor2"],
                          over_us=med["attnmeta"] - med["floor"], by_order=half,
                          ratio=med["sglang"] / med["attnmeta"], layer_us=med["attnmeta"] - med["core"],
                          equal=ok, steps=len(preps)))
@@ -361,12 +366,13 @@ def profile(side: Side, preps: list, what: str) -> None:
 
 def table_row(r: dict) -> str:
     return (f"| {r['kind']} | {r['page']} | {r['mode']} | {r['bs']} | {r['sglang_us']:.0f} | {r['attnmeta_us']:.0f} "
-            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['floor_us']:.0f} | {r['over_us']:+.0f} "
+            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['floor_us']:.0f} | {r['floor2_us'] - r['floor_us']:+.0f} "
+            f"| {r['over_us']:+.0f} "
             f"| {r['ratio']:.1f}x | {r['equal']}/{r['steps']} |")
 
 
-HEADER = ("| kind | page | mode | bs | SGLang's own µs | attnmeta µs | core µs | layer µs | floor µs | over floor µs "
-          "| SGLang / attnmeta | equal steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| kind | page | mode | bs | SGLang's own µs | attnmeta µs | core µs | layer µs | floor µs | a 2nd node µs "
+          "| over floor µs | SGLang / attnmeta | equal steps |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def save(path: str | None, rows: list[dict]) -> None:

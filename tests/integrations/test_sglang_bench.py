@@ -31,7 +31,8 @@ def test_every_mode_is_timed_and_equal(bench, tmp_path, monkeypatch):
     rows = json.loads(out.read_text())
     assert rc == 0
     assert [(r["mode"], r["bs"]) for r in rows] == [("decode", 1), ("decode", 8), ("verify", 8), ("extend", 8)]
-    assert all(r["equal"] == r["steps"] == 3 and r["sglang_us"] > 0 and r["attnmeta_us"] > 0 for r in rows)
+    assert all(r["equal"] == r["steps"] == 3 and r["sglang_us"] > 0 and r["attnmeta_us"] > 0 and r["floor2_us"] > 0
+               for r in rows)
 
 
 def test_a_difference_fails_the_run(bench, monkeypatch):
