@@ -16,18 +16,16 @@ request ring, and multi-step draft decode.
 
 from __future__ import annotations
 
-from attnmeta.compiler import CompileOptions, compile_backend
+from attnmeta.compiler import CompileOptions
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 
-from .batch import MODES, BatchView
+from .batch import BatchView
 from .dsv4 import forward_metadata
 from .kinds import sglang
 from .options import capture_sizes
+from .served import CompiledModes
 
 _SGLangDSV4 = sglang("sglang.srt.layers.attention.deepseek_v4_backend", "DeepseekV4AttnBackend")
-
-SERVED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
-
 
 def unserved(b) -> list[str]:
     """What of SGLang backend ``b``'s configuration the compiled metadata does not plan."""
@@ -68,41 +66,43 @@ def dsv4_options(b, **overrides):
     return CompileOptions(**(wanted | overrides))
 
 
-class DSV4Backend(_SGLangDSV4):
-    """SGLang's DSV4 backend; decode, idle, target verify and draft extend V2 metadata compiled."""
+class DSV4Backend(CompiledModes, _SGLangDSV4):
+    """SGLang's DSV4 backend; decode, idle, target verify and draft extend V2 metadata compiled.
+
+    On the shared base (``served.CompiledModes``: set-up, refusals, routing, SGLang's graph-runner hooks,
+    the out_graph/in_graph pairing). What is DSV4's own: SGLang's ``DSV4Metadata`` is built *after* the
+    compiled in_graph (its FlashMLA and DeepGEMM schedulers run on the metadata and are recorded in the
+    same graph), fresh on every eager step, and a replay hands back the object its capture built. Its
+    replays stage (SGLang hands DSV4 the live batch's ``out_cache_loc``, not a captured buffer)."""
+
+    spec_name = sglang_name = "dsv4"
+    options_from = "attnmeta.integrations.sglang.dsv4_backend.dsv4_options(backend)"
 
     def __init__(self, model_runner, *args, compiled=None, **kwargs):
         super().__init__(model_runner, *args, **kwargs)
-        self.bind_attnmeta(compiled if compiled is not None else compile_backend("dsv4", dsv4_options(self)))
+        self.bind_attnmeta(compiled)
 
     @classmethod
     def from_runner(cls, runner, compiled=None):
         """Built as SGLang builds its DSV4 backend, then bound (``compiled``: an artifact loaded ahead)."""
         return cls(runner, compiled=compiled)
 
-    def bind_attnmeta(self, compiled) -> None:
-        """Serve the captured modes from ``compiled`` (a ``dsv4`` backend) over this backend's request
-        table and full->SWA slot map. Refuses what the spec does not plan, and options that do not
-        match SGLang's (context, ``index_topk``, draft tokens), naming each."""
-        if compiled.spec.name != "dsv4":
-            raise OptionsError(f"DSV4Backend serves attnmeta's 'dsv4' spec; got {compiled.spec.name!r}")
-        bad = unserved(self)
-        if bad:
-            raise OptionsError("attnmeta's dsv4 metadata does not plan " + ", ".join(bad) +
-                               "; serve this configuration with SGLang's own dsv4 attention backend")
-        o, width = compiled.options, self.req_to_token.shape[1]
-        mismatch = [f"{n}: compiled {have}, SGLang {want}" for n, have, want in (
-            ("max_context_len", o.max_context_len, width), ("index_topk", o.index_topk, self.index_topk),
-            ("compress_ratios", o.compress_ratios, tuple(sorted(self.present_ratios))),
-            ("num_draft_tokens", o.num_draft_tokens if self.mtp_enabled else None,
-             self.speculative_num_draft_tokens if self.mtp_enabled else None)) if have != want]
-        if mismatch:  # the page table's width, the sparse buffers' and the verify rows follow from these
-            raise OptionsError("the compiled dsv4 backend does not match SGLang's (" + "; ".join(mismatch) +
-                               "); compile it with dsv4_options(backend)")
+    @property
+    def agree(self) -> tuple[str, ...]:
+        # the page table's width, the sparse buffers' and the verify rows follow from these
+        return ("max_context_len", "index_topk", "compress_ratios") + (("num_draft_tokens",) if self.mtp_enabled
+                                                                        else ())
+
+    def bind_attnmeta(self, compiled=None) -> None:
+        """Serve the captured modes from ``compiled`` (a ``dsv4`` backend; None: compiled now from
+        ``dsv4_options(self)``) over this backend's request table and full->SWA slot map. Refuses what the
+        spec does not plan, and options that do not match SGLang's, naming each."""
         pools = {"full_to_swa": self.token_to_kv_pool.full_to_swa_index_mapping.detach()}
-        self.attnmeta = compiled.instantiate(self.req_to_token, device=self.device, pools=pools)
-        self._view = BatchView()
+        self._attach(compiled, dsv4_options(self), self.req_to_token, self.device, **pools)
         self._captured: dict[tuple, object] = {}  # (mode, bs) -> the DSV4Metadata its graph recorded
+
+    def unserved(self) -> list[str]:
+        return unserved(self)
 
     def _topk_v2(self) -> bool:
         backend = getattr(self, "dsa_topk_backend", None)
@@ -113,65 +113,56 @@ class DSV4Backend(_SGLangDSV4):
         return forward_metadata(self.attnmeta.forward_metadata, v.forward_mode, index_topk=self.index_topk,
                                 ratios=self.attnmeta.compiled.options.compress_ratios, use_topk_v2=self._topk_v2())
 
-    @staticmethod
-    def _served(forward_batch) -> bool:
-        mode = MODES.get(getattr(forward_batch.forward_mode, "name", None))
-        return mode in SERVED
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1  # SGLang's DSV4 fill; attnmeta pads the rows it stages itself, whatever the engine fills
 
-    def _fill(self, forward_batch):
-        """The batch as the compiled backend stages it. In draft extend, SGLang runs ``max_num_tokens //
-        max_bs`` query rows per request and the spec plans ``num_draft_tokens``: different counts would
-        misplace every row."""
-        v = self._view.fill(forward_batch)
+    # --- what the base asks of a kind ---
+    def _before_staging(self, v: BatchView, in_capture: bool) -> None:
+        """In draft extend, SGLang runs ``max_num_tokens // max_bs`` query rows per request and the spec
+        plans ``num_draft_tokens``: different counts would misplace every row."""
         have = getattr(self, "draft_extend_num_tokens_per_req", None)
         want = self.attnmeta.compiled.options.num_draft_tokens
         if v.forward_mode.is_draft_extend() and have is not None and have != want:
             raise OptionsError(f"SGLang's draft extend runs {have} rows per request (max_num_tokens // max_bs) but "
                                f"the dsv4 backend was compiled with num_draft_tokens={want}; compile with "
                                f"num_draft_tokens={have}")
-        return v
 
-    # --- SGLang's graph-runner hooks ---
-    def glue_target_verify_metadata(self) -> str:
-        return "attnmeta plans this metadata"  # SGLang's metadata glue graph (and early verify metadata) stay off
+    def _shape(self, m, v: BatchView):
+        return None  # built after in_graph (below), not over the bound fields alone
 
-    def glue_draft_metadata(self) -> str:
-        return "attnmeta plans this metadata"
+    def _publish(self, shaped) -> None:
+        pass  # out_graph publishes the captured object (below); an eager step the one it builds
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        if max_bs > self.attnmeta.max_bs:
-            raise OptionsError(f"SGLang captures batches up to {max_bs} but the dsv4 backend was compiled for "
-                               f"max_bs={self.attnmeta.max_bs}; compile with max_bs >= {max_bs}")
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-
-    def get_cuda_graph_seq_len_fill_value(self):
-        return 1  # SGLang's DSV4 fill; attnmeta pads the rows it stages itself, whatever the engine fills
+    def _replay_requires(self, v: BatchView) -> tuple | None:
+        return None  # every replay stages out_cache_loc
 
     # --- the contract ---
     def init_forward_metadata(self, forward_batch) -> None:
-        if not self._served(forward_batch):
+        if not self._serves(forward_batch):
             return super().init_forward_metadata(forward_batch)
-        self.attnmeta.init_forward_metadata(self._fill(forward_batch))
+        v = self._view.fill(forward_batch)
+        self._before_staging(v, False)
+        self.attnmeta.init_forward_metadata(v)
+        self._ours = forward_batch
         self.forward_metadata = self._build()  # fresh: FlashMLA's scheduler state is per step eagerly
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
-        if not self._served(forward_batch):
-            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
-        v = self._fill(forward_batch)
-        self.attnmeta.init_forward_metadata_out_graph(v, in_capture)
+        super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        if self._ours is None:  # SGLang's own served it
+            return
+        v = self._view
         if in_capture:  # SGLang's warmup hook restores a raw metadata its own capture left; there is none
             self._current_capture_raw = None
-        else:  # replay: the metadata object its graph recorded, over the same buffers
-            key = (v.forward_mode, v.batch_size)
-            if key not in self._captured:
-                raise ContractError(f"no graph captured {v.forward_mode.name} at batch size {v.batch_size} "
-                                    "through this backend; capture it (init_forward_metadata_in_graph inside "
-                                    "the capture) before replaying it")
-            self.forward_metadata = self._captured[key]
+            return
+        key = (v.forward_mode, v.batch_size)  # a replay: the metadata object its graph recorded, same buffers
+        if key not in self._captured:
+            raise ContractError(f"no graph captured {v.forward_mode.name} at batch size {v.batch_size} through "
+                                "this backend; capture it (init_forward_metadata_in_graph inside the capture) "
+                                "before replaying it")
+        self.forward_metadata = self._captured[key]
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
-        if not self._served(forward_batch):
-            return super().init_forward_metadata_in_graph(forward_batch)
-        v = self._view.require(forward_batch)
-        self.attnmeta.init_forward_metadata_in_graph(v)
-        self.forward_metadata = self._captured[(v.forward_mode, v.batch_size)] = self._build()
+        super().init_forward_metadata_in_graph(forward_batch)
+        if self._ours is not None:  # in a capture (and its warm-ups): the object the graph records
+            v = self._view
+            self.forward_metadata = self._captured[(v.forward_mode, v.batch_size)] = self._build()

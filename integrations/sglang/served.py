@@ -35,10 +35,12 @@ AGREE = ("page_size", "max_context_len", "num_heads", "num_kv_heads", "num_draft
          "sm_count", "max_kv_splits")
 
 
-def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the compiled backend") -> None:
-    """``have`` (compiled) against ``want`` (what SGLang resolved): every disagreement named with both
-    values, or nothing. A missing mode and a smaller ``max_bs`` are disagreements too."""
-    bad = [f"{n}: compiled {getattr(have, n)}, SGLang {getattr(want, n)}" for n in AGREE
+def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the compiled backend",
+                 agree: tuple[str, ...] = AGREE, how: str = "attnmeta.integrations.sglang.compile_options") -> None:
+    """``have`` (compiled) against ``want`` (what SGLang resolved): every disagreement of the options in
+    ``agree`` named with both values, or nothing. A missing mode and a smaller ``max_bs`` are disagreements
+    too; ``how`` names what derives the right options."""
+    bad = [f"{n}: compiled {getattr(have, n)}, SGLang {getattr(want, n)}" for n in agree
            if getattr(have, n) != getattr(want, n)]
     missing = sorted(m.name.lower() for m in set(want.modes) - set(have.modes))
     if missing:
@@ -47,14 +49,16 @@ def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the co
         bad.append(f"max_bs: compiled {have.max_bs}, SGLang captures up to {want.max_bs}")
     if bad:
         raise OptionsError(f"{what} does not match this SGLang server (" + "; ".join(bad) + "); compile it with "
-                           "the server's options (attnmeta.integrations.sglang.compile_options, or let the "
-                           "registry compile at start: unset ATTNMETA_ARTIFACT)")
+                           f"the server's options ({how}, or let the registry compile at start: unset "
+                           "ATTNMETA_ARTIFACT)")
 
 
 class CompiledModes:
     """Mixin: SGLang's backend of this kind, its captured modes' metadata from ``self.attnmeta``."""
 
     spec_name: str = ""
+    agree: tuple[str, ...] = AGREE  # the options a compiled artifact must share with SGLang's resolved ones
+    options_from: str = "attnmeta.integrations.sglang.compile_options"  # what derives them, for the error
 
     # --- set-up (called by the subclass's __init__, after SGLang's) ---
     def _attach(self, compiled, wanted: CompileOptions, req_to_token, device, **pools) -> None:
@@ -69,7 +73,7 @@ class CompiledModes:
             raise OptionsError(f"{type(self).__name__} serves attnmeta's {self.spec_name!r} spec; got a backend "
                                f"compiled from {compiled.spec.name!r}")
         else:
-            check_agrees(compiled.options, wanted, "the compiled artifact")
+            check_agrees(compiled.options, wanted, "the compiled artifact", self.agree, self.options_from)
         self.attnmeta = compiled.instantiate(req_to_token, device=device, pools=pools or None)
         self._view = BatchView(wanted.num_draft_tokens)  # draft extend: how many query rows a request has
         self._ours = None  # the batch whose metadata attnmeta staged last (in_graph must follow it)

@@ -280,6 +280,11 @@ def test_bad_configurations_and_batches_are_refused(compiled):
         b = sglang_dsv4(make_pool(seed=1), **change)
         with pytest.raises(OptionsError, match=named):
             b.bind_attnmeta(compiled)
+    no_extend = compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                       num_draft_tokens=D, index_topk=TOPK,
+                                                       modes=("decode", "idle", "target_verify")))
+    with pytest.raises(OptionsError, match=r"modes \['draft_extend'\] are not compiled.*dsv4_options"):
+        sglang_dsv4(make_pool(seed=1)).bind_attnmeta(no_extend)  # SGLang captures draft extend with MTP
     b = bound(compiled, 2)
     with pytest.raises(OptionsError, match="max_bs"):
         b.init_cuda_graph_state(MAX_BS * 2, MAX_BS * 2 * D)
