@@ -366,8 +366,8 @@ def profile(side: Side, preps: list, what: str) -> None:
 
 def table_row(r: dict) -> str:
     return (f"| {r['kind']} | {r['page']} | {r['mode']} | {r['bs']} | {r['sglang_us']:.0f} | {r['attnmeta_us']:.0f} "
-            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['floor_us']:.0f} | {r['floor2_us'] - r['floor_us']:+.0f} "
-            f"| {r['over_us']:+.0f} "
+            f"| {r['core_us']:.0f} | {r['layer_us']:+.0f} | {r['floor_us']:.0f} "
+            f"| {r['floor2_us'] - r['floor_us']:+.0f} | {r['over_us']:+.0f} "
             f"| {r['ratio']:.1f}x | {r['equal']}/{r['steps']} |")
 
 
