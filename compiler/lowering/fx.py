@@ -167,16 +167,24 @@ def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
 
 
-def _make_launcher(fn, meta, n_args, tables, row, name):
+def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple):
+    """Launch fused kernel ``fn`` (compiled by Triton) on ``xs`` (its inputs, then the buffers it stores):
+    one program per row of input ``row``, each 2-D or lookup table input passed with its (row stride,
+    width, rows), the batch size and its next power of two. The one launcher: the runtime's and the
+    standalone script's (script.py)."""
     from .launch import launch
 
+    ins, res = xs[:n_args], xs[n_args:]
+    bs = ins[row].shape[0]
+    strides = [v for k in tables for v in _table_dims(ins[k])]
+    block = 1 << (bs - 1).bit_length()
+    launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta))
+    return res
+
+
+def _make_launcher(fn, meta, n_args, tables, row, name):
     def run(*xs):
-        ins, res = xs[:n_args], xs[n_args:]
-        bs = ins[row].shape[0]
-        strides = [v for k in tables for v in _table_dims(ins[k])]
-        block = 1 << (bs - 1).bit_length()
-        launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta))
-        return res
+        return launch_rows(fn, meta, n_args, tables, row, xs)
 
     run.__name__ = name
     return run

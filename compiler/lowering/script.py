@@ -26,6 +26,8 @@ import operator  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from attnmeta.compiler.lowering.fx import launch_rows  # noqa: E402
 '''
 
 
@@ -49,18 +51,14 @@ def _function(gm: fx.GraphModule, name: str) -> str:
 
 def _launcher(name: str, fk) -> str:
     tables = [fk.args.index(t) for t in fk.tables]
-    meta = dict(fk.meta)
     return f'''
+
+{fk.fn_name}_jit = triton.jit({fk.fn_name})
+
 
 def {name}(*xs):
     """Launch {fk.fn_name}: one program per row of argument {fk.args.index(fk.row_arg)}."""
-    ins, res = xs[:{len(fk.args)}], xs[{len(fk.args)}:]
-    bs = ins[{fk.args.index(fk.row_arg)}].shape[0]
-    dims = []
-    for t in (ins[k] for k in {tables}):
-        dims += [t.stride(0), t.shape[1], t.shape[0]] if t.dim() == 2 else [t.shape[0], t.shape[0], 1]
-    triton.jit({fk.fn_name})[(bs,)](*ins, *dims, *res, bs, BLOCK=1 << (bs - 1).bit_length(), **{meta!r})
-    return res
+    return launch_rows({fk.fn_name}_jit, {dict(fk.meta)!r}, {len(fk.args)}, {tables}, {fk.args.index(fk.row_arg)}, xs)
 '''
 
 
