@@ -13,7 +13,7 @@ from . import artifact
 from .dumps import DumpDir, Selection
 from .instruments import DisablePasses, Instrument, Timing, VerifyEach
 from .ir import Graph, Op, Region
-from .ir.errors import OptionsError, UnknownName
+from .ir.errors import BatchError, OptionsError
 from .ir.graph import Space
 from .lowering.binding import Arg, Layout, PoolSpec, mode_bytes
 from .lowering.fx import LoweredPlan
@@ -55,16 +55,22 @@ class CompiledBackend:
         key = (mode.graph_key, bs)
         return self.plans[key] if key in self.plans else self.specialize(mode, bs)
 
-    def specialize(self, mode: ForwardMode, bs: int) -> LoweredPlan:
-        """Compile the plan of a size that was not compiled ahead (an eager batch), once, and keep it."""
+    def require(self, mode: ForwardMode, bs: int) -> ForwardMode:
+        """The graph mode of a (mode, bs) batch this backend can serve, or a ``BatchError`` naming what it was
+        compiled for (the one mode/size guard: the runtime asks it too)."""
         key = mode.graph_key
         if key not in self.generic:
-            raise UnknownName(f"backend {self.spec.name!r} was compiled for modes "
-                              f"{[m.name.lower() for m in self.generic]}, not {mode.name.lower()}; add it to "
-                              "CompileOptions.modes (--modes)")
+            raise BatchError(f"backend {self.spec.name!r} was compiled for modes "
+                             f"{[m.name.lower() for m in self.generic]}, not {mode.name.lower()}; add it to "
+                             "CompileOptions.modes (--modes)")
         if not 0 <= bs <= self.options.max_bs:
-            raise OptionsError(f"batch size {bs} exceeds max_bs={self.options.max_bs} this backend was compiled "
-                               "for; recompile with a larger max_bs (--max-bs)")
+            raise BatchError(f"batch size {bs} exceeds max_bs={self.options.max_bs} the backend was compiled for; "
+                             "recompile with a larger max_bs (--max-bs)")
+        return key
+
+    def specialize(self, mode: ForwardMode, bs: int) -> LoweredPlan:
+        """Compile the plan of a size that was not compiled ahead (an eager batch), once, and keep it."""
+        key = self.require(mode, bs)
         if (key, bs) not in self.plans:
             log.info("compiling the plan of %s at bs=%d (a size not compiled ahead)", key.name.lower(), bs)
             inst = [VerifyEach()] if self.options.verify_each else []

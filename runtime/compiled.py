@@ -86,13 +86,7 @@ class CompiledAttentionBackend(AttentionBackend):
         key = (mode.graph_key, bs)
         b = self._bound.get(key)
         if b is None:
-            if key[0] not in self.compiled.generic:
-                raise BatchError(f"backend {self.compiled.spec.name!r} was compiled for modes "
-                                 f"{[m.name.lower() for m in self.compiled.generic]}, not {mode.name.lower()}; "
-                                 "add it to CompileOptions.modes (--modes)")
-            if not 0 <= bs <= self.max_bs:
-                raise BatchError(f"batch size {bs} exceeds max_bs={self.max_bs} the backend was compiled for; "
-                                 "recompile with a larger --max-bs")
+            self.compiled.require(mode, bs)
             plan = self.compiled.plans.get(key)
             if plan is None:  # a size compiled neither for capture nor as max_bs: compile it now, once
                 log.info("%s batch of %d rows: no plan compiled ahead, compiling it", key[0].name.lower(), bs)

@@ -1,11 +1,8 @@
-"""The runtime's error for a batch it cannot serve (kept apart so the staging and the device guard share it)."""
+"""The runtime's error for a batch it cannot serve: the compiler's ``BatchError`` (the compiled artifact's
+mode/size guard raises it too), named here where the staging and the device guard import it."""
 
 from __future__ import annotations
 
-from attnmeta.compiler.ir.errors import UserError
+from attnmeta.compiler.ir.errors import BatchError
 
-
-class BatchError(UserError):
-    """A batch this backend cannot serve as given: names the field, the row, the value and the limit."""
-
-    rule = "batch"
+__all__ = ["BatchError"]

@@ -68,6 +68,13 @@ class UnknownName(UserError, KeyError):
     rule = "unknown-name"
 
 
+class BatchError(UserError):
+    """A batch a backend cannot serve as given: names the field, the row, the value and the limit (or the mode
+    or size it was not compiled for)."""
+
+    rule = "batch"
+
+
 class ContractError(UserError, RuntimeError):
     """The three-method contract called out of order (in_graph before out_graph, replay before capture)."""
 
