@@ -33,7 +33,7 @@ import torch
 
 from attnmeta.backends import get_eager
 from attnmeta.backends.dsv4.compress import speculative
-from attnmeta.compiler import CompileOptions, OptionsError, compile_backend
+from attnmeta.compiler import CompileOptions, OptionsError, backend_options, compile_backend
 from attnmeta.runtime import ForwardBatch, ForwardMode, ReplayView, new_graph
 from attnmeta.runtime.planning import Site
 
@@ -273,9 +273,10 @@ def run_bench(backend: str = "flashinfer", sizes=(1, 8, 64, 256), iters: int = 3
     if plan_on_device and planner == "flashinfer-host":
         raise OptionsError("--plan-on-device leaves no host indptrs to plan from: drop --planner flashinfer-host")
     page = _page_size(backend)
+    own = backend_options(backend, **({"plan_on_device": True} if plan_on_device else {}))
     packed = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
                                                      modes=(fm,), num_draft_tokens=D, num_steps=STEPS,
-                                                     plan_on_device=plan_on_device, page_size=page))
+                                                     backend=own, page_size=page))
     rows = max_bs + 1
     pool = torch.randperm(rows * L).to(torch.int32).view(rows, L).to(dev)
     pool[0] = 0

@@ -69,9 +69,8 @@ def cmd_compile(a) -> int:
     page = a.page_size if a.page_size is not None else _default_page(a.backend)
     opts = CompileOptions(max_bs=a.max_bs, page_size=page, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
-                          index_topk=a.index_topk, compress_ratios=tuple(a.compress_ratios), sm_count=a.sm_count,
-                          num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, modes=a.modes, capture_sizes=sizes,
-                          plan_on_device=a.plan_on_device,
+                          sm_count=a.sm_count, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, modes=a.modes,
+                          capture_sizes=sizes, backend=own_options(a.backend, a),
                           dump_dir=writable_dir(dump) if dump else None,
                           dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
                           force=a.force, disabled_passes=tuple(a.disable_pass or ()), verify_each=a.verify_each)
@@ -112,6 +111,17 @@ def cmd_compile(a) -> int:
     if opts.dump_dir:
         _dumped(opts.dump_dir, a, cb.spec.name)
     return 0
+
+
+OWN_FLAGS = ("index_topk", "compress_ratios", "plan_on_device", "max_kv_splits")  # backends' own options
+
+
+def own_options(backend: str, a):
+    """The backend's own options from the flags given for them (``compiler.backend_options``: a flag of another
+    backend's options is refused, naming it)."""
+    from attnmeta.compiler import backend_options
+
+    return backend_options(backend, **{k: getattr(a, k) for k in OWN_FLAGS if getattr(a, k, None) is not None})
 
 
 def _default_page(backend: str) -> int:
@@ -323,13 +333,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--sm-count", type=int, default=132, help="SMs of the target GPU (triton's split heuristic)")
     c.add_argument("--num-heads", type=int, default=32, help="query heads of the model (triton's split heuristic)")
     c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
-    c.add_argument("--index-topk", type=int, default=512, choices=[512, 1024],
-                   help="dsv4: compressed entries the indexer selects per query (the model's index_topk)")
-    c.add_argument("--compress-ratios", type=int, nargs="*", default=[4, 128], metavar="R",
-                   help="dsv4: the compression ratios the model's KV pool has, of 4 and 128 (none: SWA only)")
-    c.add_argument("--plan-on-device", action="store_true",
+    # the backend's own options (its folder's options class): given only for a backend that has them
+    c.add_argument("--index-topk", type=int, choices=[512, 1024],
+                   help="dsv4: compressed entries the indexer selects per query (the model's index_topk; 512)")
+    c.add_argument("--compress-ratios", type=int, nargs="*", metavar="R",
+                   help="dsv4: the compression ratios the model's KV pool has, of 4 and 128 (none: SWA only; 4 128)")
+    c.add_argument("--plan-on-device", action="store_true", default=None,
                    help="flashinfer specs: no host indptrs; the split-KV partition is planned on the GPU every step "
                         "(FlashInferDecodeAdapter's device planner, FlashInfer 0.6)")
+    c.add_argument("--max-kv-splits", type=int,
+                   help="triton specs: the most KV splits a row may get (SGLang's --triton-attention-num-kv-splits; 8)")
     c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "
                                       "there (also ATTNMETA_DUMP_DIR)")
     c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")

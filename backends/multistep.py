@@ -110,4 +110,4 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpe
 
     return BackendSpec(f"multistep_{inner.name}", build, (ForwardMode.DECODE,),
                        doc=f"S draft-decode steps x topk branches of {inner.name}", headroom=headroom,
-                       planners=inner.planners)
+                       planners=inner.planners, options_type=inner.options_type)

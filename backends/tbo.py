@@ -55,4 +55,5 @@ def tbo(inner: BackendSpec) -> BackendSpec:
         return b.build()
 
     return BackendSpec(f"tbo_{inner.name}", build, inner.modes, doc=f"two-batch overlap around {inner.name}",
-                       headroom=inner.headroom, planners=inner.planners)
+                       headroom=inner.headroom, planners=inner.planners,
+                       options_type=inner.options_type)

@@ -18,6 +18,7 @@ _LAZY = {  # name -> (module, attribute)
     "check_split": (".passes.check_split", "check_split_graph"), "GENERIC_PASSES": (".pipeline", "GENERIC_PASSES"),
     "PER_BS_PASSES": (".pipeline", "PER_BS_PASSES"), "PassError": (".pipeline", "PassError"),
     "BackendSpec": (".spec", "BackendSpec"), "get_spec": (".spec", "get_spec"),
+    "backend_options": (".spec", "backend_options"),
     "list_backends": (".spec", "list_backends"), "register_backend": (".spec", "register_backend"),
 }
 
@@ -41,6 +42,7 @@ if _os.environ.get("ATTNMETA_LOGS"):  # opt-in only: otherwise the application's
 __all__ = [
     "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "ArtifactError", "AttnmetaError", "BackendSpec", "CompileOptions",
     "CompiledBackend", "Diagnostic", "ForwardMode", "InternalError", "OptionsError", "PassError", "SplitError",
-    "UnknownName", "UserError", "Violation", "check_split", "compile_backend", "get_spec", "list_backends",
+    "UnknownName", "UserError", "Violation", "backend_options", "check_split", "compile_backend", "get_spec",
+    "list_backends",
     "load_compiled", "register_backend",
 ]

@@ -32,7 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 import attrs
 
 from .ir.errors import UnknownName, UserError
-from .options import CompileOptions
+from .options import CompileOptions, backend_json
 from .pipeline import lower_stages
 from .spec import BackendSpec, get_spec
 
@@ -85,7 +85,7 @@ def _options_dict(o: CompileOptions) -> dict:
     converters take the lists back)."""
     d = {f.name: getattr(o, f.name) for f in attrs.fields(CompileOptions) if f.name not in NOT_PLANS}
     return {**d, "capture_sizes": list(o.sizes), "modes": [m.name.lower() for m in o.modes],
-            "disabled_passes": list(o.disabled_passes)}
+            "disabled_passes": list(o.disabled_passes), "backend": backend_json(o.backend)}
 
 
 def key(spec: BackendSpec, options: CompileOptions) -> dict:

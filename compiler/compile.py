@@ -181,6 +181,9 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if spec.page_sizes and options.page_size not in spec.page_sizes:
         raise OptionsError(f"backend {spec.name!r} serves page sizes {list(spec.page_sizes)}, not "
                            f"{options.page_size} (--page-size)")
+    if options.backend is not None and not (spec.options_type and isinstance(options.backend, spec.options_type)):
+        takes = f"takes {spec.options_type.__name__}" if spec.options_type else "has no options of its own"
+        raise OptionsError(f"backend {spec.name!r} {takes}, got backend={options.backend!r}")
     check_disabled(options)
     check_dump_sizes(options)
     timing = Timing()

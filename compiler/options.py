@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 
@@ -21,6 +22,28 @@ def _modes(xs) -> tuple[ForwardMode, ...]:
     return tuple(sorted({x if isinstance(x, ForwardMode) else ForwardMode.parse(x) for x in xs}))
 
 
+def _backend(x):
+    """A backend's options, or their JSON form (``backend_json``: an artifact's or a repro's) made back into them."""
+    if isinstance(x, dict):
+        where = x.get("type", "")
+        module, _, name = where.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            raise OptionsError(f"backend options of type {where!r} cannot be found (saved by another attnmeta?); "
+                               "compile again") from None
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in x.items() if k != "type"})
+    return x
+
+
+def backend_json(b) -> dict | None:
+    """A backend's options as JSON (``CompileOptions(backend=it)`` takes it back), or None."""
+    if b is None:
+        return None
+    return {"type": f"{type(b).__module__}:{type(b).__qualname__}",
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(b).items()}}
+
+
 def default_capture_sizes(max_bs: int) -> tuple[int, ...]:
     """Capture sizes like a serving engine's default list: dense small sizes, then steps of 8 and 16."""
     sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 513, 16))
@@ -37,19 +60,15 @@ class CompileOptions:
     num_draft_tokens: int = 4
     topk: int = 1
     num_steps: int = 3
-    index_topk: int = 512  # DSV4: compressed entries the indexer selects per query (the model's index_topk)
-    # DSV4: the compression ratios the model's KV pool has (SGLang's present_ratios); fields of the others are not built
-    compress_ratios: tuple[int, ...] = attrs.field(default=(4, 128), converter=_sizes)
-    # FlashInfer specs: the split-KV partition is planned on the GPU every step (FlashInferDecodeAdapter's
-    # device planner), so out_graph computes no host indptrs for plan(): no host op per step
-    plan_on_device: bool = False
-    # the device and model the split-KV heuristic plans for (triton): SMs (0: the engine's static split, every
-    # row max_kv_splits), query heads, KV heads, and the most splits a row may get (SGLang's
-    # --triton-attention-num-kv-splits)
+    # the device and the model, which several backends' planning follows (triton's split heuristic, FlashInfer's
+    # and FlashMLA's schedules, DSV4's indexer): SMs (0: no SM count, triton's engine-static split), query heads
+    # and KV heads per attention rank
     sm_count: int = 132  # an H200
-    max_kv_splits: int = 8
     num_heads: int = 32
     num_kv_heads: int = 8
+    # the backend's own options: an instance of its folder's frozen options class (``spec.options_type``:
+    # DSV4Options, FlashInferOptions, TritonOptions); None is that class's defaults. Read with ``of``.
+    backend: object = attrs.field(default=None, converter=_backend)
     dump_dir: str | None = None
     # which sizes and modes the dumps cover: () = the largest captured size, every mode
     dump_bs: tuple[int, ...] = attrs.field(default=(), converter=_sizes)
@@ -61,7 +80,7 @@ class CompileOptions:
     force: bool = False
 
     def __attrs_post_init__(self) -> None:
-        for name in ("max_bs", "page_size", "max_context_len", "index_topk"):
+        for name in ("max_bs", "page_size", "max_context_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise OptionsError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
@@ -77,21 +96,28 @@ class CompileOptions:
                                f"raise --max-bs or drop those sizes")
         for name, v in (("num_draft_tokens", self.num_draft_tokens), ("topk", self.topk),
                         ("num_steps", self.num_steps), ("num_heads", self.num_heads),
-                        ("num_kv_heads", self.num_kv_heads), ("max_kv_splits", self.max_kv_splits)):
+                        ("num_kv_heads", self.num_kv_heads)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise OptionsError(f"{name} must be an int >= 1, got {v!r} (--{name.replace('_', '-')})")
         if not isinstance(self.sm_count, int) or isinstance(self.sm_count, bool) or self.sm_count < 0:
-            raise OptionsError(f"sm_count must be an int >= 0 (0: no SM count, every row max_kv_splits), got "
+            raise OptionsError(f"sm_count must be an int >= 0 (0: no SM count, triton's static split), got "
                                f"{self.sm_count!r} (--sm-count)")
         if self.num_heads % self.num_kv_heads:
             raise OptionsError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads} "
                                "(--num-heads, --num-kv-heads)")
-        if self.index_topk not in (512, 1024):  # what DeepSeek-V4's sparse kernels are built for
-            raise OptionsError(f"index_topk must be 512 or 1024 (the model config's index_topk), "
-                               f"got {self.index_topk!r} (--index-topk)")
-        if not set(self.compress_ratios) <= {4, 128}:  # DeepSeek-V4.1's c1/c2 are not planned
-            raise OptionsError(f"compress_ratios must be drawn from 4 and 128 (DeepSeek-V4's ratios), got "
-                               f"{list(self.compress_ratios)} (--compress-ratios)")
+        if self.backend is not None and not attrs.has(type(self.backend)):
+            raise OptionsError(f"backend must be a backend's options (an attrs class such as TritonOptions) or None, "
+                               f"got {self.backend!r}")
+
+    def of(self, cls: type):
+        """The backend's own options, of its class ``cls`` (a spec reads ``options.of(TritonOptions)``): what
+        was passed as ``backend``, or ``cls``'s defaults when nothing was."""
+        if self.backend is None:
+            return cls()
+        if not isinstance(self.backend, cls):
+            raise OptionsError(f"CompileOptions.backend is a {type(self.backend).__name__}, but this backend takes "
+                               f"{cls.__name__}; pass backend={cls.__name__}(...) or leave it None")
+        return self.backend
 
     @property
     def sizes(self) -> tuple[int, ...]:

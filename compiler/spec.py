@@ -20,7 +20,7 @@ import attrs
 
 from .ir import Graph
 from .ir.builder import SpecError
-from .ir.errors import InternalError, UnknownName, UserError
+from .ir.errors import InternalError, OptionsError, UnknownName, UserError
 from .modes import ForwardMode
 from .options import CompileOptions
 
@@ -39,6 +39,8 @@ class BackendSpec:
     # The planners its host_calls name, as stand-ins a backend gets unless the caller passes its own:
     # target -> a zero-argument factory (a fresh planner per instantiated backend).
     planners: Mapping[str, Callable[[], object]] = attrs.field(factory=dict, eq=False)
+    # The frozen attrs class of its own options (CompileOptions.backend; the spec reads options.of(it)), or None
+    options_type: type | None = None
 
 
 _REGISTERED: dict[str, BackendSpec] = {}
@@ -68,6 +70,22 @@ def _installed() -> dict[str, BackendSpec]:
 
 def list_backends() -> list[str]:
     return sorted({**_installed(), **_REGISTERED})
+
+
+def backend_options(ref: str | BackendSpec, **given):
+    """The backend's own options (its ``options_type``) with the fields ``given`` (the rest its defaults), or
+    None when it has none and nothing is given; a field its options do not have is an ``OptionsError``
+    naming it and the ones they do (a flag such as --index-topk given for another backend)."""
+    spec = get_spec(ref)
+    cls = spec.options_type
+    fields = {f.name for f in attrs.fields(cls)} if cls is not None else set()
+    stray = sorted(set(given) - fields)
+    if stray:
+        have = f"its options ({cls.__name__}) are {sorted(fields)}" if cls is not None else \
+            "it has no options of its own"
+        raise OptionsError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: not an option of backend "
+                           f"{spec.name!r}; {have}")
+    return cls(**given) if cls is not None else None
 
 
 def get_spec(ref: str | BackendSpec) -> BackendSpec:

@@ -54,6 +54,18 @@ def _options(**kw):
     return CompileOptions(**kw)
 
 
+def _own(name: str, **given):
+    from attnmeta.compiler import backend_options
+
+    return backend_options(name, **given)
+
+
+def _dsv4_options(**kw):
+    from attnmeta.backends.dsv4.spec import DSV4Options
+
+    return DSV4Options(**kw)
+
+
 def _parse(text):
     from attnmeta.compiler.ir import parse
 
@@ -82,11 +94,12 @@ def _plan_on_device_with(version: str):
     from unittest import mock
 
     from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
+    from attnmeta.backends.flashinfer.spec import FlashInferOptions
     from attnmeta.runtime import ReplayView
     from tests import fake_flashinfer
     from tests.batches import make_batch
 
-    be = _backend(plan_on_device=True)
+    be = _backend(backend=FlashInferOptions(plan_on_device=True))
     with mock.patch.dict(sys.modules, {"flashinfer": fake_flashinfer.module(version=version)}):
         FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=False, workspace_bytes=1 << 10)
         be.init_forward_metadata_out_graph(ReplayView.of(make_batch(3, 16, 8, seed=1, max_len=8), 4))
@@ -166,10 +179,14 @@ CASES = [
          "topk must be an int >= 1, got 0"),
     Case("query heads that do not group over the KV heads", lambda: _options(num_heads=12, num_kv_heads=8),
          "OptionsError", "num_heads=12 is not a multiple of num_kv_heads=8"),
-    Case("a DSV4 `index_topk` its kernels are not built for", lambda: _options(index_topk=300), "OptionsError",
+    Case("a DSV4 `index_topk` its kernels are not built for", lambda: _dsv4_options(index_topk=300), "OptionsError",
          "index_topk must be 512 or 1024"),
-    Case("a DSV4 compression ratio it does not plan (V4.1's c1/c2)", lambda: _options(compress_ratios=(2, 4)),
+    Case("a DSV4 compression ratio it does not plan (V4.1's c1/c2)", lambda: _dsv4_options(compress_ratios=(2, 4)),
          "OptionsError", "compress_ratios must be drawn from 4 and 128"),
+    Case("another backend's own options", lambda: _compiled("triton", backend=_dsv4_options()), "OptionsError",
+         "backend 'triton' takes TritonOptions, got backend=DSV4Options"),
+    Case("a flag of another backend's options (`--index-topk` for triton)", lambda: _own("triton", index_topk=512),
+         "OptionsError", "--index-topk: not an option of backend 'triton'"),
     Case("`--disable-pass` with an unknown pass", lambda: _compiled("triton", disabled_passes=("fusee",)),
          "OptionsError", "--disable-pass fusee: no such pass"),
     Case("`--disable-pass check-split` without `--force`",

@@ -14,6 +14,7 @@ import torch
 from attnmeta.backends import get_eager, get_spec
 from attnmeta.backends.dsv4.compress import speculative
 from attnmeta.backends.dsv4.eager import swa_table
+from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op, Role, eval_graph
 from attnmeta.runtime import EmulatedGraph, ForwardBatch, ReplayView, new_graph
@@ -81,8 +82,9 @@ def _twin(name: str, pool, opts: CompileOptions, pools):
     if inner == "flashattention_draft":
         return cls(pool, opts.max_bs, opts.page_size, num_steps=S)
     if inner == "dsv4":
-        return cls(pool, opts.max_bs, pools["full_to_swa"], draft_tokens=D, index_topk=opts.index_topk,
-                   sm_count=opts.sm_count, speculative=speculative(opts.modes), ratios=opts.compress_ratios)
+        own = opts.of(DSV4Options)
+        return cls(pool, opts.max_bs, pools["full_to_swa"], draft_tokens=D, index_topk=own.index_topk,
+                   sm_count=opts.sm_count, speculative=speculative(opts.modes), ratios=own.compress_ratios)
     return cls(pool, opts.max_bs, draft_tokens=D)
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attnmeta.backends import get_spec, list_backends
+from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.compiler import ArtifactError, CompileOptions, compile_backend, load_compiled
 from tests.batches import make_batch, make_pool
 
@@ -39,10 +40,11 @@ def test_a_loaded_artifact_is_the_compile_it_came_from(name, tmp_path):
 
 
 def test_every_plan_shaping_option_survives_the_artifact(tmp_path):
-    """Options that change plans (the device and heads of triton's split heuristic, DSV4's top-k)
+    """Options that change plans (the device and heads of triton's split heuristic, triton's own split cap)
     come back as they were: a size compiled on demand after loading must see them too."""
     opts = CompileOptions(max_bs=8, capture_sizes=(2, 8), max_context_len=256, sm_count=78, num_heads=64,
-                          num_kv_heads=4, index_topk=1024, num_draft_tokens=3, modes=("decode", "target_verify"))
+                          num_kv_heads=4, backend=TritonOptions(max_kv_splits=4), num_draft_tokens=3,
+                          modes=("decode", "target_verify"))
     cb = compile_backend("triton", opts)
     loaded = load_compiled(cb.save(str(tmp_path / "a.attnmeta")))
     assert loaded.options == cb.options

@@ -62,6 +62,21 @@ def test_compile_multistep_with_branches(tmp_path, capsys):
     assert "needs 90 slots past each prefix" in capsys.readouterr().err
 
 
+def test_a_backends_own_flags_reach_it_and_no_other(tmp_path, capsys):
+    """--max-kv-splits is triton's own option: it reaches the plan (the host constant the kernel reads) and is
+    refused for a backend whose options lack it, naming the flag and what that backend's options are."""
+    assert main(["compile", "triton", "--max-bs", "4", "--capture-sizes", "4", "--max-context-len", "64",
+                 "--max-kv-splits", "3", "--dump-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "triton" / "latest" / "decode" / "bs4" / f"{SPECIALIZE}.ir").read_text()
+    assert "%max_kv_splits = full() {dtype=i32, placement=host, shape=[], value=3}" in text
+    capsys.readouterr()
+    assert main(["compile", "dsv4", "--max-bs", "4", "--max-kv-splits", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-kv-splits: not an option of backend 'dsv4'; its options (DSV4Options) are" in err
+    assert main(["compile", "trtllm_mha", "--max-bs", "4", "--index-topk", "1024"]) == 2
+    assert "it has no options of its own" in capsys.readouterr().err
+
+
 def test_compile_dsv4_for_a_pool_with_one_ratio(capsys):
     """--compress-ratios reaches the spec: with c128 only, decode has no indexer schedule (one kernel)."""
     assert main(["compile", "dsv4", "--max-bs", "4", "--capture-sizes", "4", "--max-context-len", "512"]) == 0

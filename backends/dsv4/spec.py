@@ -29,6 +29,8 @@ empty compressed history is one masked entry for the kernel.
 
 from __future__ import annotations
 
+import attrs
+
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
 from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
 
@@ -37,6 +39,27 @@ from .compress import decode_plans, speculative, verify_plans
 from .indexer import indexer_schedule
 
 I32, I64 = DType.int32, DType.int64
+
+
+def _ratios(xs) -> tuple[int, ...]:
+    return tuple(sorted({int(x) for x in xs}))
+
+
+@attrs.frozen
+class DSV4Options:
+    """DeepSeek-V4's own options (``CompileOptions(backend=DSV4Options(...))``)."""
+
+    index_topk: int = 512  # compressed entries the indexer selects per query (the model's index_topk)
+    # the compression ratios the model's KV pool has (SGLang's present_ratios); the others' fields are not built
+    compress_ratios: tuple[int, ...] = attrs.field(default=(4, 128), converter=_ratios)
+
+    def __attrs_post_init__(self) -> None:
+        if self.index_topk not in (512, 1024) or isinstance(self.index_topk, bool):  # what the sparse kernels take
+            raise OptionsError(f"index_topk must be 512 or 1024 (the model config's index_topk), got "
+                               f"{self.index_topk!r} (--index-topk)")
+        if not set(self.compress_ratios) <= {4, 128}:  # DeepSeek-V4.1's c1/c2 are not planned
+            raise OptionsError(f"compress_ratios must be drawn from 4 and 128 (DeepSeek-V4's ratios), got "
+                               f"{list(self.compress_ratios)} (--compress-ratios)")
 PAGE, SWA, ALIGN = 256, 128, 64
 PAGES = f"ceiling(L/{PAGE})"
 C128_WIDTH = f"{ALIGN}*ceiling(2*{PAGES}/{ALIGN})"  # two c128 slots per page, padded to 64
@@ -87,7 +110,8 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"dsv4.{mode.name.lower()}")
     seq, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     full_to_swa = b.pool("full_to_swa", I32, ["N"])
-    topk, ratios = options.index_topk, options.compress_ratios
+    own = options.of(DSV4Options)
+    topk, ratios = own.index_topk, own.compress_ratios
     if 4 in ratios and options.sm_count < 1:
         raise OptionsError("dsv4's c4 indexer schedule splits work over the device's SMs: sm_count must be >= 1 "
                            f"(got {options.sm_count}; --sm-count)")
@@ -125,4 +149,4 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
 
 SPEC = BackendSpec("dsv4", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="DeepSeek-V4 compressed attention: the raw->full upgrade recorded in the graph",
-                   headroom=verify_headroom)
+                   headroom=verify_headroom, options_type=DSV4Options)

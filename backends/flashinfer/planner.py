@@ -156,7 +156,8 @@ class FlashInferDecodeAdapter:
                    f"wrapper (it repeats {', '.join('.'.join(map(str, v)) for v in DEVICE_PLAN_VERSIONS)}; a "
                    "disagreement is logged)")
             raise PlanError(f"the backend was compiled with plan_on_device, so no step has host indptrs to plan "
-                            f"from, but {why}; compile without --plan-on-device (plan_on_device=False)")
+                            f"from, but {why}; compile without --plan-on-device "
+                            "(backend=FlashInferOptions(plan_on_device=False))")
         return site.state["wrapper"]
 
     @staticmethod

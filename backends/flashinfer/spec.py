@@ -8,6 +8,8 @@ the host mirror ``seq_lens_cpu``, never by copying the device indptr back.
 
 from __future__ import annotations
 
+import attrs
+
 from attnmeta.backends.flashinfer.planner import (
     DEVICE_PLANNER,
     DEVICE_PREFILL_PLANNER,
@@ -23,12 +25,22 @@ from ..common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, ver
 I32, I64 = DType.int32, DType.int64
 
 
+@attrs.frozen
+class FlashInferOptions:
+    """FlashInfer's own options (``CompileOptions(backend=FlashInferOptions(...))``; also its TBO and multi-step
+    forms)."""
+
+    # the split-KV partition is planned on the GPU every step (FlashInferDecodeAdapter's device planner), so
+    # out_graph computes no host indptrs for plan(): no host op per step
+    plan_on_device: bool = False
+
+
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
     room = verify_headroom(mode, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, room)
     seq_lens_cpu = host_seq_lens(b, room)
-    on_device = options.plan_on_device
+    on_device = options.of(FlashInferOptions).plan_on_device
     if mode.is_target_verify():
         return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device)
     if mode.is_draft_extend():
@@ -131,4 +143,4 @@ def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
 MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND)
 SPEC = BackendSpec("flashinfer", build, MODES,
                    doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()",
-                   headroom=verify_headroom, planners=standins())
+                   headroom=verify_headroom, planners=standins(), options_type=FlashInferOptions)

@@ -24,17 +24,31 @@ Computed from the replayed batch, never frozen at capture.
 
 from __future__ import annotations
 
+import attrs
+
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.compiler.ir.errors import OptionsError
 
 from ..common import decode_inputs, extend_lens, verify_mask
 
 I32, I64 = DType.int32, DType.int64
 
 
+@attrs.frozen
+class TritonOptions:
+    """Triton's own options (``CompileOptions(backend=TritonOptions(...))``; also its TBO and multi-step forms)."""
+
+    max_kv_splits: int = 8  # the most splits a row may get (SGLang's --triton-attention-num-kv-splits)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.max_kv_splits, int) or isinstance(self.max_kv_splits, bool) or self.max_kv_splits < 1:
+            raise OptionsError(f"max_kv_splits must be an int >= 1, got {self.max_kv_splits!r} (--max-kv-splits)")
+
+
 def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions):
     """(num_kv_splits per row, the uneven_batch flag)."""
-    max_splits = options.max_kv_splits
+    max_splits = options.of(TritonOptions).max_kv_splits
     if options.sm_count == 0:  # the engine's static split: no heuristic at all
         return b.full(max_splits, ["bs"], I32, name="num_kv_splits"), b.full(0, [], I32, name="uneven_batch")
     longest = b.reduce("max", seq_lens)
@@ -68,7 +82,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         splits, uneven = num_kv_splits(b, seq_lens, options)
     with b.out_graph():
-        max_splits = b.full(options.max_kv_splits, [], I32, Placement.host, name="max_kv_splits")
+        max_splits = b.full(options.of(TritonOptions).max_kv_splits, [], I32, Placement.host, name="max_kv_splits")
     b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, uneven_batch=uneven,
               max_kv_splits=max_splits, ragged={"kv_indices": "kv_indptr"})
     return b.build()
@@ -109,4 +123,5 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token) -> Graph:
 
 
 SPEC = BackendSpec("triton", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
-                   doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner")
+                   doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner",
+                   options_type=TritonOptions)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
+from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.runtime import BatchError
 
 from .kinds import sglang
@@ -38,7 +40,7 @@ class TritonBackend(CompiledModes, _SGLangTriton):
         static = self.static_kv_splits or self.device_core_count <= 0
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
                                   sm_count=0 if static else self.device_core_count,
-                                  max_kv_splits=self.max_kv_splits)
+                                  backend=TritonOptions(max_kv_splits=self.max_kv_splits))
         self._attach(compiled, wanted, self.req_to_token, model_runner.device)
         self._eager_scratch: dict = {}
 
@@ -177,7 +179,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         self.num_head, self.num_kv_head = rank_heads(model_runner)
         self.head_dim = mc.head_dim
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
-                                  plan_on_device=device_planned(planner))
+                                  backend=FlashInferOptions(plan_on_device=device_planned(planner)))
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
         from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
+from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.compiler.ir.errors import OptionsError
 
 from .backend import device_planned, split_scratch
@@ -66,7 +68,8 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
         static = c.static_kv_splits or c.device_core_count <= 0
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=c.num_head, num_kv_heads=c.num_kv_head,
-                                  sm_count=0 if static else c.device_core_count, max_kv_splits=c.max_kv_splits)
+                                  sm_count=0 if static else c.device_core_count,
+                                  backend=TritonOptions(max_kv_splits=c.max_kv_splits))
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
         self._eager_scratch: dict = {}
 
@@ -101,7 +104,7 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         heads = (*rank_heads(model_runner), mc.head_dim)
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1],
-                                  plan_on_device=device_planned(planner))
+                                  backend=FlashInferOptions(plan_on_device=device_planned(planner)))
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, *heads, q_dtype=mc.dtype,
                                                kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,

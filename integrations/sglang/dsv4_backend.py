@@ -16,6 +16,7 @@ request ring, and multi-step draft decode.
 
 from __future__ import annotations
 
+from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 
@@ -59,8 +60,8 @@ def dsv4_options(b, **overrides):
     modes = ("decode", "idle", "target_verify", "draft_extend") if b.mtp_enabled else ("decode", "idle")
     ratios = tuple(r for r in b.present_ratios if r in (4, 128))
     sizes = capture_sizes(b.model_runner)
-    wanted = dict(max_context_len=b.req_to_token.shape[1], index_topk=b.index_topk, compress_ratios=ratios,
-                  modes=modes, capture_sizes=sizes, max_bs=max(sizes))
+    wanted = dict(max_context_len=b.req_to_token.shape[1], modes=modes, capture_sizes=sizes, max_bs=max(sizes),
+                  backend=DSV4Options(index_topk=b.index_topk, compress_ratios=ratios))
     if b.mtp_enabled:
         wanted["num_draft_tokens"] = b.speculative_num_draft_tokens
     return CompileOptions(**(wanted | overrides))
@@ -111,7 +112,8 @@ class DSV4Backend(CompiledModes, _SGLangDSV4):
     def _build(self):
         v = self._view
         return forward_metadata(self.attnmeta.forward_metadata, v.forward_mode, index_topk=self.index_topk,
-                                ratios=self.attnmeta.compiled.options.compress_ratios, use_topk_v2=self._topk_v2())
+                                ratios=self.attnmeta.compiled.options.of(DSV4Options).compress_ratios,
+                                use_topk_v2=self._topk_v2())
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1  # SGLang's DSV4 fill; attnmeta pads the rows it stages itself, whatever the engine fills

@@ -35,8 +35,8 @@ from attnmeta.compiler.ir.errors import OptionsError
 SPECULATIVE = ("decode", "idle", "target_verify", "draft_extend")
 
 
-def resolved_options(runner, backend, **kind) -> CompileOptions:
-    """The options SGLang resolved for ``backend`` (built on ``runner``), with the kind's own values."""
+def resolved_options(runner, sglang_backend, **kind) -> CompileOptions:
+    """The options SGLang resolved for ``sglang_backend`` (built on ``runner``), with the kind's own values."""
     from sglang.srt.runtime_context import get_spec
 
     spec, speculative = get_spec(), runner.spec_algorithm.is_speculative()

@@ -30,9 +30,19 @@ from .batch import ENGINE_HELPERS, ENGINE_PATHS, MODES, BatchView
 log = logging.getLogger("attnmeta.runtime.integrations")
 
 CAPTURED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
-# the options that shape metadata: a compiled backend must agree with SGLang's resolved ones
+# the options that shape metadata: a compiled backend must agree with SGLang's resolved ones (a name that is not a
+# CompileOptions field is the backend's own option: triton's max_kv_splits)
 AGREE = ("page_size", "max_context_len", "num_heads", "num_kv_heads", "num_draft_tokens", "topk", "num_steps",
          "sm_count", "max_kv_splits")
+
+
+def _value(o: CompileOptions, name: str, like: CompileOptions):
+    """Option ``name`` of ``o``: a CompileOptions field, or a field of its backend's own options (their class's
+    default where ``o`` left them None and ``like`` did not), or None where neither has it."""
+    if hasattr(o, name):
+        return getattr(o, name)
+    own = o.backend if o.backend is not None else type(like.backend)() if like.backend is not None else None
+    return getattr(own, name, None)
 
 
 def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the compiled backend",
@@ -40,8 +50,8 @@ def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the co
     """``have`` (compiled) against ``want`` (what SGLang resolved): every disagreement of the options in
     ``agree`` named with both values, or nothing. A missing mode and a smaller ``max_bs`` are disagreements
     too; ``how`` names what derives the right options."""
-    bad = [f"{n}: compiled {getattr(have, n)}, SGLang {getattr(want, n)}" for n in agree
-           if getattr(have, n) != getattr(want, n)]
+    pairs = [(n, _value(have, n, want), _value(want, n, have)) for n in agree]
+    bad = [f"{n}: compiled {h}, SGLang {w}" for n, h, w in pairs if h != w]
     missing = sorted(m.name.lower() for m in set(want.modes) - set(have.modes))
     if missing:
         bad.append(f"modes {missing} are not compiled")

@@ -6,6 +6,7 @@ import torch
 
 from attnmeta.backends import get_eager
 from attnmeta.backends.dsv4.eager import swa_table
+from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import CudaGraph, ReplayView
 from tests.batches import make_batch, make_pool
@@ -27,7 +28,8 @@ def test_capture_replay_on_cuda(name, mode, ratios):
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=1, device=dev)
     cb = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=(8, 32), max_context_len=L,
-                                              num_draft_tokens=D, modes=(mode.name.lower(),), compress_ratios=ratios))
+                                              num_draft_tokens=D, modes=(mode.name.lower(),),
+                                              backend=DSV4Options(compress_ratios=ratios) if name == "dsv4" else None))
     extra = {"full_to_swa": swa_table(ROWS * L + 1, dev)} if name == "dsv4" else {}
     be = cb.instantiate(pool, device=dev, pools=extra)
     cls = get_eager(name)

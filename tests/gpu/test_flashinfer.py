@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch
 from attnmeta.sim import DecodeModel, GraphRunner
@@ -27,7 +28,8 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
     dev = torch.device("cuda")
     pool = make_pool(ROWS, L, seed=4, device=dev)
     cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
-                                                      plan_on_device=planner == "plan_on_device"))
+                                                      backend=FlashInferOptions(plan_on_device=planner ==
+                                                                                "plan_on_device")))
     be = cb.instantiate(pool, device=dev)
     g = torch.Generator().manual_seed(0)
     k = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)

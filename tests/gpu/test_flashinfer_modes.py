@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import make_pool
@@ -37,7 +38,8 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode, planner):
     pool = make_pool(ROWS, L, seed=2, device=dev)
     cb = compile_backend("flashinfer", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
                                                       modes=(mode.name.lower(),), num_draft_tokens=D,
-                                                      plan_on_device=planner == "plan_on_device"))
+                                                      backend=FlashInferOptions(plan_on_device=planner ==
+                                                                                "plan_on_device")))
     be = cb.instantiate(pool, device=dev)
     adapter = FlashInferDecodeAdapter(be, H, HKV, HD, planner="host" if planner == "host" else "device")
     g = torch.Generator().manual_seed(3)

@@ -27,6 +27,7 @@ import torch
 from sglang.kernels.ops.attention.dsv4.compress import CompressorDecodePlan, CompressorPrefillPlan
 
 from attnmeta.backends.dsv4.eager import swa_table
+from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
 from attnmeta.integrations.sglang.dsv4_backend import DSV4Backend, dsv4_options
@@ -70,7 +71,7 @@ def sglang_dsv4(req_to_token, ratios=(4, 128), **changes):
 @pytest.fixture(scope="module")
 def compiled():
     return compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
-                                                  num_draft_tokens=D, index_topk=TOPK,
+                                                  num_draft_tokens=D, backend=DSV4Options(index_topk=TOPK),
                                                   modes=("decode", "idle", "target_verify", "draft_extend")))
 
 
@@ -242,7 +243,8 @@ def test_a_pool_with_one_ratio(ratios):
     compress_ratios hands SGLang that ratio's fields, scheduler and plan, and None for the other's,
     as SGLang's own metadata code leaves them; eager and replayed, modes interleaved."""
     c = compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
-                                               num_draft_tokens=D, index_topk=TOPK, compress_ratios=ratios,
+                                               num_draft_tokens=D,
+                                               backend=DSV4Options(index_topk=TOPK, compress_ratios=ratios),
                                                modes=("decode", "idle", "target_verify", "draft_extend")))
     b = sglang_dsv4(make_pool(seed=8), ratios)
     b.bind_attnmeta(c)
@@ -281,7 +283,7 @@ def test_bad_configurations_and_batches_are_refused(compiled):
         with pytest.raises(OptionsError, match=named):
             b.bind_attnmeta(compiled)
     no_extend = compile_backend("dsv4", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
-                                                       num_draft_tokens=D, index_topk=TOPK,
+                                                       num_draft_tokens=D, backend=DSV4Options(index_topk=TOPK),
                                                        modes=("decode", "idle", "target_verify")))
     with pytest.raises(OptionsError, match=r"modes \['draft_extend'\] are not compiled.*dsv4_options"):
         sglang_dsv4(make_pool(seed=1)).bind_attnmeta(no_extend)  # SGLang captures draft extend with MTP
@@ -301,7 +303,7 @@ def test_bad_configurations_and_batches_are_refused(compiled):
 def test_options_follow_sglangs_backend():
     b = sglang_dsv4(make_pool(seed=1))
     o = dsv4_options(b)
-    assert (o.max_context_len, o.index_topk, o.num_draft_tokens, o.max_bs) == (L, TOPK, D, MAX_BS)
-    assert o.compress_ratios == (4, 128)
-    assert dsv4_options(sglang_dsv4(make_pool(seed=1), (128,))).compress_ratios == (128,)
+    assert (o.max_context_len, o.of(DSV4Options).index_topk, o.num_draft_tokens, o.max_bs) == (L, TOPK, D, MAX_BS)
+    assert o.of(DSV4Options).compress_ratios == (4, 128)
+    assert dsv4_options(sglang_dsv4(make_pool(seed=1), (128,))).of(DSV4Options).compress_ratios == (128,)
     assert {m.name for m in o.modes} == {"DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND"}

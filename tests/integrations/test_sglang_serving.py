@@ -17,6 +17,7 @@ import random
 
 import torch
 
+from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.integrations.sglang.backend import TritonBackend
 from attnmeta.integrations.sglang.draft import TritonDraftBackend
@@ -90,7 +91,8 @@ def test_sglang_built_attnmeta_from_its_resolved_flags(server):
     be = target(server)
     assert isinstance(be, TritonBackend)
     o, own = be.attnmeta.compiled.options, server.own("triton")
-    assert (o.num_heads, o.num_kv_heads, o.max_kv_splits) == (own.num_head, own.num_kv_head, own.max_kv_splits)
+    assert (o.num_heads, o.num_kv_heads, o.of(TritonOptions).max_kv_splits) == (own.num_head, own.num_kv_head,
+                                                                                own.max_kv_splits)
     assert o.max_context_len == server.runner.req_to_token_pool.req_to_token.shape[1] > server.model_config.context_len
     assert o.capture_sizes == server.sizes and o.max_bs == max(server.sizes)
     assert o.page_size == server.runner.page_size

@@ -8,6 +8,7 @@ import runpy
 import attrs
 import pytest
 
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, PassError, SplitError, compile_backend
 from attnmeta.compiler.instruments import PrintAfterAll
 from attnmeta.compiler.passes.registry import PASSES, register_pass
@@ -22,8 +23,9 @@ def test_crashing_pass_writes_a_repro_bundle_that_reruns(tmp_path, monkeypatch):
 
     try:
         monkeypatch.setattr("attnmeta.compiler.pipeline.PER_BS_PASSES", (*PER_BS_PASSES[:1], "explode-test"))
-        opts = CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path), plan_on_device=True,
-                              num_heads=16, num_kv_heads=4, sm_count=64, max_kv_splits=4, index_topk=1024)
+        opts = CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path),
+                              backend=FlashInferOptions(plan_on_device=True), num_heads=16, num_kv_heads=4,
+                              sm_count=64)
         with pytest.raises(PassError) as e:
             compile_backend("flashinfer", opts)
         err = e.value

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnmeta.backends.dsv4.eager import EagerDSV4Decode, swa_table
+from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, ForwardMode, SplitError, compile_backend
 from attnmeta.compiler.ir import Region
 from attnmeta.runtime import ForwardBatch, ReplayView
@@ -163,7 +164,7 @@ def test_fewer_ratios_match_the_twin_field_for_field(ratios):
     fields (plans included), equal, in decode and verify, with the rings of speculative decoding."""
     D, bs = 3, 3
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(bs,), max_context_len=L, num_draft_tokens=D,
-                          compress_ratios=ratios, modes=("decode", "target_verify"))
+                          backend=DSV4Options(compress_ratios=ratios), modes=("decode", "target_verify"))
     pool = make_pool(ROWS, L, seed=5)
     f2s = swa_table(ROWS * L + 1, "cpu")
     be = compile_backend("dsv4", opts).instantiate(pool, pools={"full_to_swa": f2s})

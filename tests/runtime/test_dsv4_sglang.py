@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from attnmeta.backends.dsv4.eager import swa_table
+from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests import sglang_oracle
@@ -99,7 +100,8 @@ def batch(mode, raw: int, rng: random.Random) -> ForwardBatch:
 @pytest.mark.parametrize("topk", [512, 1024])
 def test_every_mode_equals_sglang_kernels(sglang, topk):
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(2, 5, 8), max_context_len=L, num_draft_tokens=D,
-                          index_topk=topk, modes=("decode", "idle", "target_verify", "draft_extend"))
+                          backend=DSV4Options(index_topk=topk),
+                          modes=("decode", "idle", "target_verify", "draft_extend"))
     pool = make_pool(ROWS, L, seed=topk)
     f2s = swa_table(ROWS * L + 1, "cpu")
     be = compile_backend("dsv4", opts).instantiate(pool, pools={"full_to_swa": f2s})
@@ -146,7 +148,8 @@ def test_a_pool_with_fewer_ratios_gets_exactly_their_fields(sglang, ratios):
     """compress_ratios: the fields of each ratio the pool has equal SGLang's, and no field, plan or
     schedule of another ratio is built (SGLang builds none), eager and replayed, modes interleaved."""
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(3, 8), max_context_len=L, num_draft_tokens=D,
-                          compress_ratios=ratios, modes=("decode", "target_verify", "draft_extend"))
+                          backend=DSV4Options(compress_ratios=ratios),
+                          modes=("decode", "target_verify", "draft_extend"))
     pool = make_pool(ROWS, L, seed=len(ratios))
     f2s = swa_table(ROWS * L + 1, "cpu")
     be = compile_backend("dsv4", opts).instantiate(pool, pools={"full_to_swa": f2s})

@@ -14,6 +14,7 @@ import torch
 
 from attnmeta.backends.flashinfer import planner as fa
 from attnmeta.backends.flashinfer.device_plan import PlanLayout, live_regions
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.backends.reference import PlanError
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ReplayView
@@ -33,7 +34,8 @@ def backend(plan_on_device: bool, bug: bool, tensor_cores: bool, monkeypatch, ve
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module(bug, version))
     monkeypatch.setattr(fa, "lean_planner", lambda *a: None)  # the stand-in has no C++ module: plan() each step
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(4, MAX_BS), max_context_len=L, num_draft_tokens=D,
-                          modes=("decode", "idle", "target_verify", "draft_extend"), plan_on_device=plan_on_device)
+                          modes=("decode", "idle", "target_verify", "draft_extend"),
+                          backend=FlashInferOptions(plan_on_device=plan_on_device))
     be = compile_backend("flashinfer", opts).instantiate(make_pool(ROWS, L, 1))
     return be, fa.FlashInferDecodeAdapter(be, *HEADS, use_tensor_cores=tensor_cores, workspace_bytes=1 << 10)
 
@@ -119,7 +121,7 @@ def test_wrapped_backends_partition_each_wrapper_from_its_own_indptr(name, plan_
     after the metadata graph from its own kv indptr (a TBO half of no rows is left unplanned)."""
     monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module())
     opts = CompileOptions(max_bs=MAX_BS, capture_sizes=(1, 4, MAX_BS), max_context_len=L, modes=("decode", "idle"),
-                          plan_on_device=plan_on_device)
+                          backend=FlashInferOptions(plan_on_device=plan_on_device))
     be = compile_backend(name, opts).instantiate(make_pool(ROWS, L, 1))
     fa.FlashInferDecodeAdapter(be, *HEADS, use_tensor_cores=True, workspace_bytes=1 << 10)
     rng = random.Random(name)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnmeta.backends import get_eager
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import Op, Region
 from attnmeta.runtime import ForwardBatch, ReplayView
@@ -29,7 +30,7 @@ def options(name: str, **kw) -> CompileOptions:
 
 @pytest.mark.parametrize("name", list(MODES))
 def test_plan_on_device_leaves_only_the_planner_in_out_graph(name):
-    on = compile_backend(name, options(name, plan_on_device=True))
+    on = compile_backend(name, options(name, backend=FlashInferOptions(plan_on_device=True)))
     off = compile_backend(name, options(name))
     for mode in MODES[name]:
         for bs in (4, MAX_BS):
@@ -43,7 +44,7 @@ def test_plan_on_device_leaves_only_the_planner_in_out_graph(name):
 @pytest.mark.parametrize("name", list(MODES))
 def test_plan_on_device_writes_the_same_device_fields(name):
     pool = make_pool(ROWS, L, 1)
-    on = compile_backend(name, options(name, plan_on_device=True)).instantiate(pool)
+    on = compile_backend(name, options(name, backend=FlashInferOptions(plan_on_device=True))).instantiate(pool)
     off = compile_backend(name, options(name)).instantiate(pool)
     twin = get_eager("flashinfer")(pool, MAX_BS, draft_tokens=D) if name == "flashinfer" else None
     calls = on.planners["flashinfer.decode_plan_on_device"], on.planners["flashinfer.prefill_plan_on_device"]
