@@ -4,6 +4,9 @@ before it is trusted."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import attrs
 import torch
 
 from attnmeta.compiler.ir.errors import UserError
@@ -14,6 +17,18 @@ MIN_VERSION = (0, 6)
 # FlashInfer's float workspace: SGLang's default. 128 MiB overflows in draft extend at bs 256 (the
 # split-KV partial outputs of 1024 query rows), seen on an H200.
 WORKSPACE_BYTES = 384 << 20
+
+
+@attrs.define(eq=False)
+class WrapperState:
+    """What a FlashInfer adapter keeps per planner site (``Site.state``): the graph-mode wrapper made on the
+    site's fields, and how its later steps are planned."""
+
+    wrapper: object
+    empty: torch.Tensor  # the indices buffer's empty view: plan() copies nothing into the bound buffer
+    pack: Callable | None = None  # packs the drafter's verify mask after the graph (prefill wrappers)
+    lean: Callable | None = None  # FlashInfer's C++ planner alone, every step after the first plan()
+    device: object | None = None  # the partition planned on the GPU after the graph, where it repeats FlashInfer's
 
 
 class FlashInferVersionError(UserError):

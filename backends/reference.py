@@ -37,9 +37,9 @@ class RecordingPlanner:
 
     def _record(self, site: Site, bs: int, total: int) -> DecodePlan:
         self.calls += 1
-        p = site.state.get("plan")
-        if p is None:
-            p = site.state["plan"] = DecodePlan(bs)
+        p = site.state
+        if not isinstance(p, DecodePlan):  # its state is the plan it returns, made on the first call
+            p = site.state = DecodePlan(bs)
         p.total_kv, p.call = total, self.calls
         return p
 

@@ -41,7 +41,9 @@ class Site:
     device: torch.device
     fields: Mapping[str, torch.Tensor]  # role (from the spec's binds) -> the field's static buffer
     hooks: list[Callable[[], None]]  # run after the metadata graph, recorded with it
-    state: dict = attrs.Factory(dict)  # the planner's own: its wrapper, its plan, ...
+    # the planner's own, which it may replace by a typed object of its own (FlashInfer's adapters keep a
+    # ``WrapperState``): an empty dict until then, and again after ``reset``
+    state: object = attrs.Factory(dict)
     # set by a planner that no longer reads its host inputs (its work is in the graph now): a replay on an
     # engine's buffers then skips out_graph altogether
     host_free: bool = False
@@ -72,7 +74,7 @@ class Site:
         for fn in self._added:
             self.hooks.remove(fn)
         self._added.clear()
-        self.state.clear()
+        self.state = {}
         self.host_free = False
 
 

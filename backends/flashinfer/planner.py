@@ -26,7 +26,7 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
-from ..flashinfer_lib import WORKSPACE_BYTES, _flashinfer, _version, sample_lengths
+from ..flashinfer_lib import WORKSPACE_BYTES, WrapperState, _flashinfer, _version, sample_lengths
 from ..reference import ReferenceDecodePlanner, ReferenceDevicePlanner, ReferencePrefillPlanner
 from .device_plan import PlanLayout, checked_planner, pack_mask
 
@@ -87,27 +87,27 @@ class FlashInferDecodeAdapter:
     @property
     def wrappers(self) -> dict[tuple, object]:
         """(mode, bs, planner node) -> the wrapper of that site."""
-        return {(s.mode, s.bs, s.node): s.state["wrapper"] for s in self.sites}
+        return {(s.mode, s.bs, s.node): s.state.wrapper for s in self.sites}
 
     def site_of(self, wrapper) -> Site:
         """The site whose wrapper ``wrapper`` is (its state: lean and device planners)."""
-        return next(s for s in self.sites if s.state.get("wrapper") is wrapper)
+        return next(s for s in self.sites if s.state.wrapper is wrapper)
 
     def _made(self, site: Site, make):
-        w = site.state.get("wrapper")
-        if w is None:
-            w = site.state["wrapper"] = make()
+        """The site's wrapper, made by ``make`` (-> its ``WrapperState``) on the site's first call."""
+        if not isinstance(site.state, WrapperState):
+            site.state = make()
             self.sites.append(site)
-        return w
+        return site.state.wrapper
 
     def wrapper(self, site: Site):
         """The decode wrapper of ``site``, on the fields it binds."""
         def make():
             indptr, indices, last = (site.field(r) for r in ("kv_indptr", "kv_indices", "kv_last_page_len"))
-            site.state.update(empty=indices[:0], lean=None, device=None)
-            return self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            return WrapperState(self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.tensor_cores,
-                paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last)
+                paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last),
+                empty=indices[:0])
         return self._made(site, make)
 
     def plan(self, site: Site, indptr_host: torch.Tensor, last_page_len_host: torch.Tensor, on_device: bool = False):
@@ -116,21 +116,21 @@ class FlashInferDecodeAdapter:
             return w
         if self._on_gpu(site):
             return w
-        if st["lean"] is not None:
-            st["lean"](indptr_host)
+        if st.lean is not None:
+            st.lean(indptr_host)
             return w
         hq, hkv, d = self.heads
 
         def replan(indptr: torch.Tensor) -> None:
             with self._workspace_checked():
-                w.plan(indptr, st["empty"], last_page_len_host, hq, hkv, d, 1,
+                w.plan(indptr, st.empty, last_page_len_host, hq, hkv, d, 1,
                        q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         replan(indptr_host)
-        st["device"] = self._device_planner(site, w, self.tensor_cores, replan, indptr_host)
+        st.device = self._device_planner(site, w, self.tensor_cores, replan, indptr_host)
         if on_device:
             return self._required(site, "decode")
-        if st["device"] is None:
-            st["lean"] = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
+        if st.device is None:
+            st.lean = lean_planner(self.fi, w, self.heads, indptr_host.shape[0] - 1)
         return w
 
     def plan_on_device(self, site: Site, last_page_len_host: torch.Tensor):
@@ -150,7 +150,7 @@ class FlashInferDecodeAdapter:
         return self.plan_prefill(site, qo_indptr_host, qo_indptr_host, on_device=True)
 
     def _required(self, site: Site, what: str):
-        if site.state["device"] is None:
+        if site.state.device is None:
             why = ("this adapter was made with planner='host'" if not self.device_plans else
                    f"the device planner does not repeat FlashInfer {self.fi.__version__}'s {what} planner for this "
                    f"wrapper (it repeats {', '.join('.'.join(map(str, v)) for v in DEVICE_PLAN_VERSIONS)}; a "
@@ -158,13 +158,13 @@ class FlashInferDecodeAdapter:
             raise PlanError(f"the backend was compiled with plan_on_device, so no step has host indptrs to plan "
                             f"from, but {why}; compile without --plan-on-device "
                             "(backend=FlashInferOptions(plan_on_device=False))")
-        return site.state["wrapper"]
+        return site.state.wrapper
 
     @staticmethod
     def _on_gpu(site: Site) -> bool:
         """Whether the site's partition is planned on the GPU, after the metadata graph (its kernel
         was added to the site's hooks once, when it was made)."""
-        return site.state.get("device") is not None
+        return isinstance(site.state, WrapperState) and site.state.device is not None
 
     def _device_planner(self, site: Site, w, prefill: bool, replan, first: torch.Tensor):
         """The wrapper's partition planned on the GPU from now on, if this FlashInfer's planner is one
@@ -224,12 +224,12 @@ class FlashInferDecodeAdapter:
                              mask_indptr_buf=torch.zeros_like(qo))
                 pack = functools.partial(pack_mask, mask, qo, kv, extra["custom_mask_buf"], extra["mask_indptr_buf"],
                                          mask.numel() // site.max_bs)
-            site.state.update(empty=idx[:0], pack=pack, device=None)
             if pack is not None:
                 site.after_graph(pack)  # every step packs its mask, before any partition kernel
-            return self.fi.BatchPrefillWithPagedKVCacheWrapper(
+            return WrapperState(self.fi.BatchPrefillWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=kv,
-                paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra)
+                paged_kv_indices_buf=idx, paged_kv_last_page_len_buf=last, backend="fa2", **extra),
+                empty=idx[:0], pack=pack)
         return self._made(site, make)
 
     def plan_prefill(self, site: Site, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor,
@@ -248,17 +248,17 @@ class FlashInferDecodeAdapter:
         if ones is None:
             ones = self._ones[bs] = torch.ones(bs, dtype=torch.int32)
         hq, hkv, d = self.heads
-        masked = st["pack"] is not None
+        masked = st.pack is not None
         qo_host = qo_indptr_host.clone()
 
         def replan(kv_indptr: torch.Tensor) -> None:
             with self._workspace_checked():
-                w.plan(qo_host, kv_indptr, st["empty"], ones, hq, hkv, d, 1,
+                w.plan(qo_host, kv_indptr, st.empty, ones, hq, hkv, d, 1,
                        packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
                        q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
         replan(kv_indptr_host)
         if site.mode.is_target_verify() or site.mode.is_draft_extend():  # a fixed query layout: the partition
-            st["device"] = self._device_planner(site, w, True, replan, kv_indptr_host)  # follows the kv alone
+            st.device = self._device_planner(site, w, True, replan, kv_indptr_host)  # follows the kv alone
         return self._required(site, "prefill") if on_device else w
 
 

@@ -23,7 +23,7 @@ import torch
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.runtime.planning import PlanError, Site
 
-from ..flashinfer_lib import WORKSPACE_BYTES, _flashinfer, _version, sample_lengths
+from ..flashinfer_lib import WORKSPACE_BYTES, WrapperState, _flashinfer, _version, sample_lengths
 from ..reference import RecordingPlanner, require_host
 from .device_plan import MLADevicePlanner, MLALayout, read_regions
 
@@ -85,31 +85,29 @@ class FlashInferMLAAdapter:
         backend.set_planner(MLA_PLANNER, self.plan)
 
     def wrapper(self, site: Site):
-        w = site.state.get("wrapper")
-        if w is None:
+        if not isinstance(site.state, WrapperState):
             qo, kv, idx, lens = (site.field(r) for r in ("qo_indptr", "kv_indptr", "kv_indices", "kv_lens"))
-            w = site.state["wrapper"] = self.fi.BatchMLAPagedAttentionWrapper(
+            site.state = WrapperState(self.fi.BatchMLAPagedAttentionWrapper(
                 self.workspace, use_cuda_graph=True, qo_indptr=qo, kv_indptr=kv, kv_indices=idx, kv_len_arr=lens,
-                backend="auto")
-            site.state.update(empty=idx[:0], lean=None, device=None)
+                backend="auto"), empty=idx[:0])
             self.sites.append(site)
-        return w
+        return site.state.wrapper
 
     def plan(self, site: Site, qo_indptr_host: torch.Tensor, kv_indptr_host: torch.Tensor,
              kv_lens_host: torch.Tensor):
         w, st = self.wrapper(site), site.state
-        if kv_lens_host.shape[0] == 0 or st["device"] is not None:  # no rows; or planned on the GPU
+        if kv_lens_host.shape[0] == 0 or st.device is not None:  # no rows; or planned on the GPU
             return w
-        if st["lean"] is not None:  # every step after the first: the C++ planner alone
-            st["lean"](qo_indptr_host, kv_indptr_host, kv_lens_host)
+        if st.lean is not None:  # every step after the first: the C++ planner alone
+            st.lean(qo_indptr_host, kv_indptr_host, kv_lens_host)
             return w
         causal = not site.mode.is_decode_or_idle()  # fixed per site: the lean planner keeps it
-        w.plan(qo_indptr_host, kv_indptr_host, st["empty"], kv_lens_host, self.heads, self.ckv, self.kpe, 1, causal,
+        w.plan(qo_indptr_host, kv_indptr_host, st.empty, kv_lens_host, self.heads, self.ckv, self.kpe, 1, causal,
                self.sm_scale, *self.dtypes)
-        st["lean"] = lean_mla_planner(self.fi, w, self.heads, self.ckv, causal)
-        if st["lean"] is not None and self.device_plans:
-            st["device"] = self._device_planner(site, w, causal, qo_indptr_host, kv_indptr_host, kv_lens_host)
-            site.host_free = st["device"] is not None  # planned in the graph from now on
+        st.lean = lean_mla_planner(self.fi, w, self.heads, self.ckv, causal)
+        if st.lean is not None and self.device_plans:
+            st.device = self._device_planner(site, w, causal, qo_indptr_host, kv_indptr_host, kv_lens_host)
+            site.host_free = st.device is not None  # planned in the graph from now on
         return w
 
     def _device_planner(self, site: Site, w, causal: bool, qo_host, kv_host, lens_host):
@@ -132,7 +130,7 @@ class FlashInferMLAAdapter:
             agree = self._agrees(site, w, layout, q, qo_host, samples)
         except Exception as e:  # a kernel that does not build or run here: nothing to trust, so not used
             log.warning("checking the device MLA planner against FlashInfer's: %s", e)
-            site.state["lean"](qo_host, kv_host, lens_host)  # leave the wrapper planned for the batch at hand
+            site.state.lean(qo_host, kv_host, lens_host)  # leave the wrapper planned for the batch at hand
             agree = False
         if not agree:
             log.warning("FlashInfer %s: the device MLA planner does not match FlashInfer's for this %s wrapper "
@@ -148,7 +146,7 @@ class FlashInferMLAAdapter:
         first, agree = [int(x) for x in w._plan_info], True
         for lens in samples:  # the batch at hand last: the wrapper is left planned for it
             kv = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0, dtype=torch.int32)])
-            site.state["lean"](qo_host.to(torch.int32), kv, lens)
+            site.state.lean(qo_host.to(torch.int32), kv, lens)
             _sync(ws.device)
             if [int(x) for x in w._plan_info] != first:
                 agree = False

@@ -142,14 +142,13 @@ class FlashMLAScheduler:
     same object every step (``(tile_scheduler_metadata, num_splits)``, SGLang's pair)."""
 
     def __call__(self, site: Site):
-        st = site.state
-        if "meta" not in st:
+        if not isinstance(site.state, tuple):  # its state is the pair it returns, made on the first call
             seqlens, meta, splits = (site.field(r) for r in ("cache_seqlens", "tile_scheduler_metadata",
                                                             "num_splits"))
-            st["meta"] = (meta, splits)
+            site.state = (meta, splits)
             site.after_graph(functools.partial(tile_schedule, seqlens, meta, splits))
             site.host_free = True  # the schedule is computed in the graph; no host input at all
-        return st["meta"]
+        return site.state
 
 
 def standins() -> dict:

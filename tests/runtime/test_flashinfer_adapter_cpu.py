@@ -72,7 +72,7 @@ def test_every_step_is_partitioned_as_flashinfer_plans_it(plan_on_device, tensor
         be.init_forward_metadata_in_graph(view)  # the metadata graph, then the partition after it
         m = be.forward_metadata
         w = m.plan
-        device = adapter.site_of(w).state["device"]
+        device = adapter.site_of(w).state.device
         assert device is not None, (step, mode.name)
         info, want = flashinfer_plan(mode, m, bs, tensor_cores or mode is not M.DECODE, False)
         assert list(w._plan_info) == info  # graph mode: what the first plan() fixed holds for every step
@@ -92,7 +92,7 @@ def test_a_planner_it_does_not_repeat_keeps_flashinfer_planning_on_the_host(monk
         be.init_forward_metadata_out_graph(view)
         be.init_forward_metadata_in_graph(view)
         m = be.forward_metadata
-        assert adapter.site_of(m.plan).state["device"] is None and not be._current.after_in[1:]  # no partition kernel
+        assert adapter.site_of(m.plan).state.device is None and not be._current.after_in[1:]  # no partition kernel
         info, want = flashinfer_plan(mode, m, bs, True, True)
         layout = (PlanLayout.prefill_plan(info, bs, HEADS[:2], 1, fake_flashinfer.SMS))
         for at, n in live_regions(layout, torch.from_numpy(want)):  # planned on the host, this very step
@@ -137,13 +137,13 @@ def test_wrapped_backends_partition_each_wrapper_from_its_own_indptr(name, plan_
             indptr = site.field("kv_indptr")
             assert indptr.data_ptr() == m[key.removesuffix("plan") + "kv_indptr"].data_ptr()  # its own fields
             rows = indptr.numel() - 1
-            w = site.state["wrapper"]
+            w = site.state.wrapper
             assert m[key] is w
             if rows == 0:  # the empty half of a batch of one
-                assert site.state["device"] is None
+                assert site.state.device is None
                 continue
-            assert site.state["device"] is not None, (step, key)
+            assert site.state.device is not None, (step, key)
             info, want, _ = oracle.prefill_plan(list(range(rows + 1)), indptr.tolist(), fake_flashinfer.SMS,
                                                 HEADS[:2], HEADS[2], 1, fake_flashinfer.WS)
-            for at, n in live_regions(site.state["device"].layout, torch.from_numpy(want)):
+            for at, n in live_regions(site.state.device.layout, torch.from_numpy(want)):
                 assert w._int_workspace_buffer[at : at + n].tolist() == want[at : at + n].tolist(), (step, key)

@@ -44,7 +44,7 @@ def test_the_mla_wrapper_plans_each_step_from_the_eager_twins_host_arrays(monkey
         m = be.forward_metadata
         site = be.bound(mode, bs).sites["plan"]
         w = m.plan
-        assert w is site.state["wrapper"] and w in [s.state["wrapper"] for s in adapter.sites]
+        assert w is site.state.wrapper and w in [s.state.wrapper for s in adapter.sites]
         for buf, field in ((w._qo_indptr_buf, m.qo_indptr), (w._kv_indptr_buf, m.kv_indptr),
                            (w._kv_indices_buf, m.kv_indices), (w._kv_len_arr_buf, m.kv_lens)):
             assert buf.data_ptr() == field.data_ptr()  # the wrapper reads the compiled fields themselves
@@ -53,8 +53,8 @@ def test_the_mla_wrapper_plans_each_step_from_the_eager_twins_host_arrays(monkey
         assert (qo, kv, lens) == (want.qo_indptr_host.tolist(), want.kv_indptr_host.tolist(),
                                   want.kv_lens_host.tolist()), (step, mode)
         assert (heads, ckv, causal) == (HEADS, CKV, not mode.is_decode_or_idle())
-    assert all(s.state["wrapper"].full_plans == 1 for s in adapter.sites)  # plan() once, then the C++ planner
-    assert sum(len(s.state["wrapper"].plans) for s in adapter.sites) == 24  # every step planned once
+    assert all(s.state.wrapper.full_plans == 1 for s in adapter.sites)  # plan() once, then the C++ planner
+    assert sum(len(s.state.wrapper.plans) for s in adapter.sites) == 24  # every step planned once
 
 
 def test_the_stand_in_refuses_what_flashinfer_would():

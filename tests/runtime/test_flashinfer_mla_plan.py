@@ -155,8 +155,8 @@ def test_the_adapter_plans_on_the_device_once_checked_else_on_the_host(monkeypat
         be.init_forward_metadata_out_graph(view)
         be.init_forward_metadata_in_graph(view)
         site = be.bound(ForwardMode.DECODE, 4).sites["plan"]
-        w = site.state["wrapper"]
-        assert (site.state["device"] is None) == skew
+        w = site.state.wrapper
+        assert (site.state.device is None) == skew
         lens = [*seq.tolist(), *[1] * (4 - raw)]  # padded rows: the fill length
         want = mla_plan(list(range(5)), [0, *torch.tensor(lens).cumsum(0).tolist()], [x + skew for x in lens], heads,
                         False, SMS)
