@@ -79,11 +79,14 @@ class CompiledBackend:
         return self.plans[(key, bs)]
 
     def kernels(self, mode: ForwardMode, bs: int) -> int:
-        """Device launches per step in the plan's graph: fused kernels plus unfused ops (slices are views)."""
+        """Device launches per step in the plan's graph: fused kernels, unfused ops (slices are views), and the
+        copies of values an output field passes through into its own buffer (an input or a view exposed under
+        another field's name: lowering copies it in in_graph)."""
         p = self.plan(mode, bs)
         consts, fused = set(p.consts), p.graph.kernel_of()
-        return len(p.kernels) + sum(1 for n in p.graph.region_nodes(Region.in_graph)
-                                    if n.name not in consts and n.name not in fused and n.op is not Op.slice)
+        copies = sum(1 for n in p.in_gm.graph.nodes if n.op == "call_method" and n.target == "copy_")
+        return len(p.kernels) + copies + sum(1 for n in p.graph.region_nodes(Region.in_graph)
+                                             if n.name not in consts and n.name not in fused and n.op is not Op.slice)
 
     def summary(self) -> list[dict]:
         """Per mode: node counts, host ops and bytes copied per step at the largest captured size,

@@ -33,6 +33,7 @@ from .passes import (  # noqa: F401  (registration)
     hoist_upgrades,
     infer_shapes,
     pack_inputs,
+    pass_through,
     plan_buffers,
     specialize_batch,
     verify,
@@ -47,6 +48,7 @@ GENERIC_PASSES = (
     "hoist-upgrades",  # recordable device work moves into the graph (DSV4 raw->full upgrades)
     "dce",  # drop what no output or planner needs
     "cse",  # one node per distinct computation
+    "pass-through",  # a device input or a second field of a value: a copy node, fused with its kernel
     "pack-inputs",  # one staging layout (at max_bs) for every per-step input: one H2D per step
     "plan-buffers",  # a region (at max_bs) for every static buffer: fields, intermediates, host values
 )

@@ -22,6 +22,7 @@ import random
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from attnmeta.compiler import ForwardMode
 from attnmeta.integrations.sglang.batch import BatchView
 from tests import fake_flash_mla, fake_flashinfer
 from tests.integrations.sglang_server import (
@@ -142,6 +143,29 @@ def test_a_replayed_step_dispatches_no_aten_op(case):
                 if f.endswith("indices") and ptr is not None and a.dim() == 1:  # the entries the indptr covers
                     a, b = a[: int(ptr[-1])], b[: int(ptr[-1])]
                 assert f == "custom_mask" or torch.equal(a, b), (name, key, step, f)
+
+
+def test_a_bound_graph_launches_one_guard_beside_the_compiled_kernels(case):
+    """What a replay launches, counted in the emulated graph SGLang's runners captured: the compiled plan's
+    own launches (the compiler's count: fused kernels and unfused ops), the planners' device work, and one
+    launch of the device guard for the engine's buffers and the staged fields together (up to four fields a
+    launch). triton's decode, counted by hand: the guard and one fused kernel."""
+    name, s = case
+    for key, be, width, capture, _, _ in modes(s):
+        r = Runners(s, be, name, width)
+        with s.active():
+            r.capture(lambda bs, r=r, make=capture: make(bs, r.fill), key)
+        am = be.attnmeta
+        for (k, bs), g in r.graphs.items():
+            mode = {"decode": ForwardMode.DECODE, "verify": ForwardMode.TARGET_VERIFY,
+                    "extend": ForwardMode.DRAFT_EXTEND}[k]
+            plan = am.bound(mode, bs)
+            assert plan.engine is not None, (name, k, bs)  # bound to SGLang's buffers
+            fields = len(plan.engine.inputs) + len(plan.stager.guarded)
+            guards = -(-fields // 4)
+            assert g.num_ops == am.compiled.kernels(mode, bs) + len(plan.after_in) + guards, (name, k, bs)
+            if name == "triton" and k == "decode":
+                assert g.num_ops == 2, bs
 
 
 def test_a_view_of_other_buffers_is_staged_and_still_right():
