@@ -139,7 +139,13 @@ def read(path: str, spec: BackendSpec | str | None = None):
     except UnknownName as e:
         raise ArtifactError(f"compiled artifact {path!r} was compiled from spec {ref!r}, which this process cannot "
                             f"find ({e}); install it, or pass it: load_compiled(path, spec=...)") from None
-    options = CompileOptions(**saved["options"])
+    opts = dict(saved["options"])
+    own = opts.pop("backend", None)
+    try:
+        options = CompileOptions(**opts, backend=None if own is None else spec.options_type(**own))
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"compiled artifact {path!r} holds options {spec.name!r} no longer takes ({e}); "
+                            f"rebuild it with `attnmeta compile {ref} --out {path}`") from None
     now = key(spec, options)
     stale = [k for k in ("format", "attnmeta", "torch", "triton", "code", "spec", "spec_source")
              if saved.get(k) != now[k]]

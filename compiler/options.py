@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 
@@ -22,26 +21,12 @@ def _modes(xs) -> tuple[ForwardMode, ...]:
     return tuple(sorted({x if isinstance(x, ForwardMode) else ForwardMode.parse(x) for x in xs}))
 
 
-def _backend(x):
-    """A backend's options, or their JSON form (``backend_json``: an artifact's or a repro's) made back into them."""
-    if isinstance(x, dict):
-        where = x.get("type", "")
-        module, _, name = where.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            raise OptionsError(f"backend options of type {where!r} cannot be found (saved by another attnmeta?); "
-                               "compile again") from None
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in x.items() if k != "type"})
-    return x
-
-
 def backend_json(b) -> dict | None:
-    """A backend's options as JSON (``CompileOptions(backend=it)`` takes it back), or None."""
+    """A backend's options as JSON, their fields only (the spec's ``options_type`` takes them back: the class
+    is the spec's to name, not a string the compiler would import), or None."""
     if b is None:
         return None
-    return {"type": f"{type(b).__module__}:{type(b).__qualname__}",
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(b).items()}}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(b).items()}
 
 
 def default_capture_sizes(max_bs: int) -> tuple[int, ...]:
@@ -68,7 +53,7 @@ class CompileOptions:
     num_kv_heads: int = 8
     # the backend's own options: an instance of its folder's frozen options class (``spec.options_type``:
     # DSV4Options, FlashInferOptions, TritonOptions); None is that class's defaults. Read with ``of``.
-    backend: object = attrs.field(default=None, converter=_backend)
+    backend: object = None
     dump_dir: str | None = None
     # which sizes and modes the dumps cover: () = the largest captured size, every mode
     dump_bs: tuple[int, ...] = attrs.field(default=(), converter=_sizes)

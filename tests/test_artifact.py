@@ -53,6 +53,19 @@ def test_every_plan_shaping_option_survives_the_artifact(tmp_path):
     assert loaded.specialize(ForwardMode.DECODE, 5).graph == cb.specialize(ForwardMode.DECODE, 5).graph
 
 
+def test_a_backends_own_options_come_back_typed(tmp_path):
+    """DSV4's options (a tuple field among them) are stored as their fields and made back by the spec's own
+    options class; a plan compiled after loading sees them (with c128 only, decode is one kernel)."""
+    from attnmeta.backends.dsv4.spec import DSV4Options
+    from attnmeta.runtime import ForwardMode
+
+    opts = CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=512, page_size=256,
+                          backend=DSV4Options(index_topk=1024, compress_ratios=(128,)))
+    loaded = load_compiled(compile_backend("dsv4", opts).save(str(tmp_path / "d.attnmeta")))
+    assert loaded.options.backend == DSV4Options(index_topk=1024, compress_ratios=(128,))
+    assert loaded.kernels(ForwardMode.DECODE, 3) == 1
+
+
 def test_loaded_backend_serves_the_same_metadata(tmp_path):
     opts = CompileOptions(max_bs=8, capture_sizes=(4, 8), max_context_len=64, modes=("decode", "target_verify"))
     cb = compile_backend("flashinfer", opts)
