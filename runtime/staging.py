@@ -35,7 +35,7 @@ from attnmeta.compiler.lowering.binding import Kind, Slot
 
 from .errors import BatchError
 from .guard import INTS as _INTS
-from .guard import DeviceGuard, ingest
+from .guard import DeviceGuard
 from .stagegen import generate
 
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
@@ -265,10 +265,6 @@ class Stager:
         captured); ``bound``: the plan's graph is bound to an engine's buffers and checks these only on staged
         steps."""
         return self.guard.feeds(self.guarded, when=0 if bound else -1)
-
-    def apply_guards(self) -> None:
-        """The device checks of the fields fed this step, launched now (an unbound graph's in_graph)."""
-        ingest(self.guard_feeds(), self.guard.flag)
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):

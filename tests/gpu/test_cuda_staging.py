@@ -33,11 +33,11 @@ def test_device_fields_are_staged_like_the_general_path(mode):
         fb.out_cache_loc = loc if shape == "exact" else torch.cat([loc, loc[:5] * 0 + 7])
         view = ReplayView.of(fb, bs)
         st.fast(view, bs, raw)
-        st.apply_guards()  # a checked device field reaches the graph's buffer through in_graph's guard
+        st.guard.apply(st.guarded)  # a checked device field reaches the graph's buffer through in_graph's guard
         torch.cuda.synchronize()
         got = slot.dev[: bs * per].cpu()
         st.stage(view, bs, raw)
-        st.apply_guards()
+        st.guard.apply(st.guarded)
         torch.cuda.synchronize()
         assert torch.equal(got, slot.dev[: bs * per].cpu()), (step, shape)
         assert torch.equal(got[: raw * per], loc.cpu()), (step, shape)
