@@ -32,7 +32,7 @@ def parts(bs: int) -> None:
     kv = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(seq + D, 0, dtype=torch.int32)])
     site = be.bound(V, bs).sites["plan"]
     w = ad.prefill_wrapper(site)
-    mask, ones, empty = site.field("custom_mask"), torch.ones(bs, dtype=torch.int32), site.state["empty"]
+    mask, ones, empty = site.field("custom_mask"), torch.ones(bs, dtype=torch.int32), site.state.empty
     out, ind = w._custom_mask_buf, w._mask_indptr_buf
     rows = {"out_graph (stage + plan)": lambda: be.init_forward_metadata_out_graph(ReplayView.of(fb, bs)),
             "pack_mask (in the graph, issued eagerly)":

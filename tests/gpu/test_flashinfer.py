@@ -49,9 +49,9 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
             rel = (out.float().cpu() - want).norm() / want.norm()
             assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 7
-    on_device = [s.state["device"] is not None for s in adapter.sites]
+    on_device = [s.state.device is not None for s in adapter.sites]
     assert on_device == [planner != "host"] * len(on_device)  # every wrapper took the path asked for
-    assert all(s.state["lean"] is not None for s in adapter.sites) == (planner == "host")
+    assert all(s.state.lean is not None for s in adapter.sites) == (planner == "host")
 
 
 @pytest.mark.parametrize("topk", [1, 2])

@@ -43,17 +43,17 @@ def test_device_partition_equals_flashinfer_plan_each_step(kind):
         m = be.forward_metadata
         w = m.plan
         state = adapter.site_of(w).state
-        planner = state["device"]
+        planner = state.device
         assert planner is not None, "the adapter fell back to FlashInfer's host planner"
         torch.cuda.synchronize()
         mine = w._int_workspace_buffer.clone()
         ones = torch.ones(bs, dtype=torch.int32)
         if mode is ForwardMode.DECODE:  # FlashInfer's own plan of this step, on the same wrapper
-            w.plan(m.kv_indptr_host, state["empty"], ones, H, HKV, HD, 1, q_data_type=torch.bfloat16,
+            w.plan(m.kv_indptr_host, state.empty, ones, H, HKV, HD, 1, q_data_type=torch.bfloat16,
                    kv_data_type=torch.bfloat16)
         else:
             qo = torch.arange(0, D * bs + 1, D, dtype=torch.int32)
-            w.plan(qo, m.kv_indptr_host, state["empty"], ones, H, HKV, HD, 1,
+            w.plan(qo, m.kv_indptr_host, state.empty, ones, H, HKV, HD, 1,
                    packed_custom_mask=w._custom_mask_buf, causal=False, q_data_type=torch.bfloat16,
                    kv_data_type=torch.bfloat16)
         torch.cuda.synchronize()
@@ -94,4 +94,4 @@ def test_long_context_attention_through_the_device_planner(tensor_cores):
         rel = (out.float().cpu() - want).norm() / want.norm()
         assert rel < 1e-2, (step, float(rel))
     assert runner.stats["replay"] == 4
-    assert all(s.state["device"] is not None for s in adapter.sites)
+    assert all(s.state.device is not None for s in adapter.sites)

@@ -104,9 +104,9 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
         kv_host = torch.tensor([0, *torch.tensor(kv_lens + pad).cumsum(0).tolist()], dtype=torch.int32)
         qo_host = torch.arange(0, (bs + 1) * q_per_req, q_per_req, dtype=torch.int32)
         site = be.bound(mode, bs).sites["plan"]
-        assert site in adapter.sites and site.state["device"] is not None and site.state["lean"] is not None
-        layout = site.state["device"].layout
-        w.plan(qo_host, kv_host, site.state["empty"], kv_host[1:] - kv_host[:-1], H, CKV, KPE, 1, verify, SCALE,
+        assert site in adapter.sites and site.state.device is not None and site.state.lean is not None
+        layout = site.state.device.layout
+        w.plan(qo_host, kv_host, site.state.empty, kv_host[1:] - kv_host[:-1], H, CKV, KPE, 1, verify, SCALE,
                torch.bfloat16, torch.bfloat16)
         torch.cuda.synchronize()
         want = w._int_workspace_buffer.view(torch.int32)

@@ -88,7 +88,7 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode, planner):
         got = obuf[: raw * D].float()
         rel = float((got - want).norm() / want.norm())
         assert rel < 1e-2, (step, raw, bs, rel)
-    assert all((s.state["device"] is not None) == (planner != "host") for s in adapter.sites)
+    assert all((s.state.device is not None) == (planner != "host") for s in adapter.sites)
 
 
 def test_a_tbo_child_without_rows_is_not_planned():

@@ -84,7 +84,7 @@ def test_sglang_shaped_batches_every_size_back_to_back(P, heads, host_rows):
         run_decode(be.forward_metadata.plan, q, k, v, o)
         checks.append((fb, q, o))
     torch.cuda.synchronize()
-    assert all(s.state["device"] is not None for s in adapter.sites)  # planned on the GPU throughout
+    assert all(s.state.device is not None for s in adapter.sites)  # planned on the GPU throughout
     k32, v32 = k.float().repeat_interleave(H // HKV, 1), v.float().repeat_interleave(H // HKV, 1)
     for fb, q, out in checks:
         rows = sorted(random.Random(fb.batch_size).sample(range(fb.batch_size), min(4, fb.batch_size)))
