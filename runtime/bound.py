@@ -39,6 +39,7 @@ class BoundPlan:
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
     engine: object | None = None  # the engine buffers the captured graph reads in place (engine.Engine)
     computes: bool = True  # out_graph computes host values besides its planners' inputs (host fields a reader reads)
+    replay: object | None = None  # a replayed step's whole out_graph on the engine's buffers (engine.replayer)
 
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
@@ -50,6 +51,7 @@ class BoundPlan:
 
     def rebind_planner(self, target: str, planners: dict) -> None:
         """Every site of planner ``target`` to ``planners[target]``, with fresh state and no hooks of the old one."""
+        self.replay = None  # the new planner may need host data every step
         for s in self.binding.sites:
             if s.target == target:
                 site = self.sites[s.node]

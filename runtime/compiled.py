@@ -20,7 +20,7 @@ from .backend import AttentionBackend
 from .bound import BoundPlan, bind
 from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
-from .engine import EngineWord, bind_engine
+from .engine import EngineWord, bind_engine, replayer
 from .errors import BatchError
 from .guard import DeviceGuard, ingest
 from .staging import not_a_mode
@@ -102,9 +102,8 @@ class CompiledAttentionBackend(AttentionBackend):
             b = self._bound.get((fb.forward_mode.graph_key, bs))
         except AttributeError:
             raise not_a_mode(fb) from None
-        if b is not None and b.engine is not None and not in_capture and not b.host_work and b.engine.backed(fb):
-            self._replay_bound(b)  # a replay on the engine's own buffers: nothing to stage
-            return
+        if b is not None and b.replay is not None and not in_capture and b.replay(fb):
+            return  # a replay on the engine's own buffers: nothing to stage
         try:
             actual = getattr(fb, "actual_forward_mode", fb.forward_mode)
             raw = 0 if actual.is_idle() else getattr(fb, "raw_batch_size", bs)
@@ -130,12 +129,15 @@ class CompiledAttentionBackend(AttentionBackend):
         if in_capture:
             b.capture = capture_record(b)
             b.engine = bind_engine(b, fb, self.device, self._word, self._guard)
+            b.replay = self.replayer(b)
             self._word.set(1 if b.engine is not None else 0)
         else:
             if b.capture is not None and self.check_addresses:
                 check_replay(b, self._pools)
             if b.engine is not None:  # a graph bound to the engine's buffers reads what was staged this step
                 self._word.set(0)
+                if b.replay is None:  # its planners may have moved to the device since the capture
+                    b.replay = self.replayer(b)
                 if not self._unbacked_logged and not b.engine.backed(fb):
                     log.info("a %s batch of %d rows is not the engine buffers its graph was captured on: staged "
                              "(correct, with host work per step)", fb.forward_mode.name.lower(), bs)
@@ -164,23 +166,15 @@ class CompiledAttentionBackend(AttentionBackend):
                              f"but the backend was compiled for num_draft_tokens={want}, which strides every "
                              f"request's queries; recompile with --num-draft-tokens {d}")
 
-    def _replay_bound(self, b: BoundPlan) -> None:
-        """A step whose view is the engine buffers ``b``'s graph was captured on, with no planner that reads host
-        data: what an earlier step's device checks found is raised; nothing else runs."""
-        if self._guard.host_np[0]:
-            self._guard.raise_pending()
-        self._word.set(1)
-        self._current = b
-        self.forward_metadata = b.meta
-
-    def replay_bound(self, b: BoundPlan) -> bool:
-        """For an engine adapter that checked its own batch against ``b.engine`` (``engine.checker`` over its
-        field paths): the replayed step's whole out_graph, if ``b`` needs no host work; else False, and the
-        adapter takes the ordinary path."""
+    def replayer(self, b: BoundPlan, paths: dict | None = None, extra: tuple = (), helpers: dict | None = None,
+                 then: tuple = ()):
+        """For an engine adapter, at capture: ``b``'s whole replayed out_graph on the engine's buffers as one
+        generated function of the adapter's own batch (``engine.replayer``: ``paths`` and ``helpers`` reach its
+        fields, ``extra`` adds what else it requires, ``then`` what it publishes), or None where ``b`` reads no
+        engine buffers or needs host work every step (the adapter takes the ordinary path)."""
         if b.engine is None or b.host_work:
-            return False
-        self._replay_bound(b)
-        return True
+            return None
+        return replayer(b, self, paths, extra, helpers, then)
 
     def set_stream(self, stream) -> None:
         """Staging records its hazard event on the stream that was current at the first step; an engine

@@ -88,18 +88,61 @@ def bind_engine(b, fb, device: torch.device, word: EngineWord, guard) -> Engine 
     return Engine(inputs, word, guard) if inputs else None
 
 
+def _backed(inputs: list[Input], paths: dict[str, str] | None, extra: tuple, ns: dict) -> str:
+    """The condition that view ``v`` hands the captured buffers (their data pointers and lengths, as
+    ``P{i}`` / ``X{i}`` constants in ``ns``): attribute reads and C calls that allocate nothing."""
+    cond = []
+    for i, e in enumerate(inputs):
+        ns[f"P{i}"] = e.tensor.data_ptr()
+        # numel, not shape[0]: no torch.Size is made (a bound input is one-dimensional)
+        cond.append(f"(t := {(paths or {}).get(e.name, 'v.' + e.name)}).data_ptr() == P{i} and t.numel() >= {e.n}")
+    for i, (expr, ptr) in enumerate(extra):
+        ns[f"X{i}"] = ptr
+        cond.append(f"{expr}.data_ptr() == X{i}")
+    return " and ".join(cond) or "True"
+
+
+def _generate(name: str, src: str, ns: dict):
+    exec(compile(src, f"<attnmeta {name}>", "exec"), ns)  # noqa: S102
+    return ns[name]
+
+
 def checker(inputs: list[Input], paths: dict[str, str] | None = None, extra: tuple = (), helpers: dict | None = None):
     """``backed(view)``: whether ``view`` hands the captured buffers, generated straight-line (a step pays a
     few attribute reads). ``paths`` reads an input another way than ``v.<name>`` (an engine's own batch,
     whose fields sit elsewhere); ``extra`` adds (expression, data pointer) pairs a caller also requires."""
-    ns, cond = dict(helpers or {}), []
-    for i, e in enumerate(inputs):
-        ns[f"P{i}"] = e.tensor.data_ptr()
-        cond.append(f"(t := {(paths or {}).get(e.name, 'v.' + e.name)}).data_ptr() == P{i} and t.shape[0] >= {e.n}")
-    for i, (expr, ptr) in enumerate(extra):
-        ns[f"X{i}"] = ptr
-        cond.append(f"{expr}.data_ptr() == X{i}")
-    src = ("def backed(v):\n    try:\n        return " + " and ".join(cond) +
-           "\n    except (AttributeError, IndexError, TypeError):\n        return False\n")
-    exec(compile(src, "<attnmeta engine check>", "exec"), ns)  # noqa: S102
-    return ns["backed"]
+    ns = dict(helpers or {})
+    cond = _backed(inputs, paths, extra, ns)
+    return _generate("backed", "def backed(v):\n    try:\n        return " + cond +
+                     "\n    except (AttributeError, IndexError, TypeError):\n        return False\n", ns)
+
+
+VIEW = object()  # in ``replayer``'s assignments: the step's view itself
+
+
+def replayer(b, backend, paths: dict[str, str] | None = None, extra: tuple = (), helpers: dict | None = None,
+             then: tuple = ()):
+    """A replayed step's whole out_graph on the engine buffers ``b.engine`` binds, as one generated function
+    ``replay(view) -> bool``: False (nothing done) when the view does not hand those buffers (``checker``'s
+    condition), else what an earlier step's device checks found is raised, the engine word set, ``b`` made
+    ``backend``'s current plan, ``then``'s ``(object, attribute, value)`` assignments made (``VIEW``: the
+    view), True. Every object is a constant of the function: the step makes no call but the checks' C
+    calls, because a replayed step's host time is the serving loop's, paid every step with cold caches."""
+    e = b.engine
+    ns = dict(helpers or {}, FLAG=memoryview(e.guard.host_np), RAISE=e.guard.raise_pending, WORD=e.word,
+              SET=e.word.set, AM=backend, B=b)
+    lines = ["def replay(v):", "    try:",
+             f"        if not ({_backed(b.engine.inputs, paths, extra, ns)}):", "            return False",
+             "    except (AttributeError, IndexError, TypeError):", "        return False",
+             "    if FLAG[0]:", "        RAISE()", "    if WORD.value != 1:", "        SET(1)",
+             "    AM._current = B", "    AM.forward_metadata = B.meta"]
+    for i, (obj, attr, value) in enumerate(then):
+        if not attr.isidentifier():
+            raise ValueError(f"replayer: {attr!r} is not an attribute name")
+        ns[f"O{i}"] = obj
+        if value is VIEW:
+            lines.append(f"    O{i}.{attr} = v")
+        else:
+            ns[f"V{i}"] = value
+            lines.append(f"    O{i}.{attr} = V{i}")
+    return _generate("replay", "\n".join(lines + ["    return True", ""]), ns)

@@ -31,6 +31,7 @@ Needs CUDA, SGLang's Python code and FlashInfer (docs/SGLANG.md, "On the H200").
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -107,9 +108,13 @@ class Side:
         make = load(self.runner, self.mode, prep)  # the runner's copies into its buffers: before the clock
         t0 = time.perf_counter()
         view = make()
+        t1 = time.perf_counter()
         self.backend.init_forward_metadata_out_graph(view)
+        t2 = time.perf_counter()
         g.replay()
-        return time.perf_counter() - t0
+        t3 = time.perf_counter()
+        PARTS[self.name].append((t1 - t0, t2 - t1, t3 - t2))
+        return t3 - t0
 
     def read(self, prep) -> dict:
         be, live = self.backend, prep.live
@@ -227,7 +232,7 @@ class Floor:
     def __init__(self, runner: Runners, mode: str, kernels: int = 1):
         from attnmeta.runtime import new_graph
 
-        self.runner, self.mode, self.graphs = runner, mode, {}
+        self.runner, self.mode, self.graphs, self.kernels = runner, mode, {}, kernels
         self.x = torch.zeros(1, device=runner.server.device)
         for bs in runner.sizes:
             g = new_graph(torch.device(runner.server.device))
@@ -241,8 +246,11 @@ class Floor:
         make = load(self.runner, self.mode, prep)
         t0 = time.perf_counter()
         make()
+        t1 = time.perf_counter()
         g.replay()
-        return time.perf_counter() - t0
+        t2 = time.perf_counter()
+        PARTS[f"floor{self.kernels}"].append((t1 - t0, 0.0, t2 - t1))
+        return t2 - t0
 
 
 def trtllm_counter_standin() -> None:
@@ -314,6 +322,7 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
         timers += [("core", lambda p: core_step(ours_be, sides[1].runner, mode, p))] + \
                   [(k, f.step) for k, f in floors.items()]
         t = {name: [] for name, _ in timers}
+        PARTS.clear()
         reads = {"sglang": [], "attnmeta": []}
         with s.active():
             for order in (timers, timers[::-1]):
@@ -340,12 +349,17 @@ def bench(s: Server, kind: str, mode: str, sizes, iters: int, rng) -> list[dict]
                          over_us=med["attnmeta"] - med["floor"], by_order=half,
                          ratio=med["sglang"] / med["attnmeta"], layer_us=med["attnmeta"] - med["core"],
                          equal=ok, steps=len(preps)))
+        rows[-1]["parts_us"] = {k: [statistics.median(x[i] for x in v) * 1e6 for i in range(3)]
+                                for k, v in PARTS.items()}
         print(table_row(rows[-1]), flush=True)
+        print("  parts (view / out_graph / replay µs): " + "; ".join(
+            f"{k} {a:.1f} / {b:.1f} / {c:.1f}" for k, (a, b, c) in rows[-1]["parts_us"].items()), flush=True)
         if PROFILE and bs == PROFILE:
             profile(sides[1], preps, f"{kind} page {s.runner.page_size} {mode} bs {bs}")
     return rows
 
 
+PARTS: dict = collections.defaultdict(list)  # timer -> (view, out_graph, replay) seconds of each step
 PROFILE = 0  # --profile BS: where attnmeta's step spends its host time, at that batch size
 
 

@@ -41,9 +41,8 @@ class _Drafter(CompiledModes):
     def _shape(self, m, v):
         return [self._step_shape(m, s) for s in range(len(self.attn_backends))]
 
-    def _publish(self, shaped) -> None:
-        for child, meta in zip(self.attn_backends, shaped, strict=True):
-            child.forward_metadata = meta
+    def _published(self, shaped) -> tuple:
+        return tuple((child, "forward_metadata", meta) for child, meta in zip(self.attn_backends, shaped, strict=True))
 
     def _step_shape(self, m, step: int):
         raise NotImplementedError

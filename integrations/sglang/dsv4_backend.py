@@ -132,8 +132,8 @@ class DSV4Backend(CompiledModes, _SGLangDSV4):
     def _shape(self, m, v: BatchView):
         return None  # built after in_graph (below), not over the bound fields alone
 
-    def _publish(self, shaped) -> None:
-        pass  # out_graph publishes the captured object (below); an eager step the one it builds
+    def _published(self, shaped) -> tuple:
+        return ()  # out_graph publishes the captured object (below); an eager step the one it builds
 
     def _replay_requires(self, v: BatchView) -> tuple | None:
         return None  # every replay stages out_cache_loc

@@ -23,7 +23,7 @@ import logging
 
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
-from attnmeta.runtime.engine import checker
+from attnmeta.runtime.engine import VIEW
 
 from .batch import ENGINE_HELPERS, ENGINE_PATHS, MODES, BatchView
 
@@ -136,11 +136,8 @@ class CompiledModes:
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
         if not in_capture:  # a replay on the buffers SGLang's runner captured on: nothing to stage or copy
-            r = self._replays.get((forward_batch.forward_mode, forward_batch.batch_size))
-            if r is not None and r[0](forward_batch) and self.attnmeta.replay_bound(r[1]):
-                self._view.batch_size, self._view.forward_mode = forward_batch.batch_size, r[2]
-                self._publish(r[3])
-                self._ours = forward_batch
+            replay = self._replays.get((forward_batch.forward_mode, forward_batch.batch_size))
+            if replay is not None and replay(forward_batch):
                 return
         if not self._serves(forward_batch):
             self._ours = None
@@ -160,15 +157,18 @@ class CompiledModes:
 
     def _remember_replay(self, fb, v: BatchView, shaped) -> None:
         """At capture: if the graph reads SGLang's buffers in place (runtime/engine.py), a later step on the
-        same buffers (and the same per-step objects the kind requires) is a replay with nothing to do."""
-        b = self.attnmeta.bound(v.forward_mode, v.batch_size)
+        same buffers (and the same per-step objects the kind requires) is a replay with nothing to do but
+        publish: one generated function, the whole out_graph of such a step."""
         key = (fb.forward_mode, fb.batch_size)
         extra = self._replay_requires(v)
-        if b.engine is None or extra is None:
+        b = self.attnmeta.bound(v.forward_mode, v.batch_size)
+        then = ((self._view, "batch_size", v.batch_size), (self._view, "forward_mode", v.forward_mode),
+                *self._published(shaped), (self, "_ours", VIEW))
+        replay = None if extra is None else self.attnmeta.replayer(b, ENGINE_PATHS, extra, ENGINE_HELPERS, then)
+        if replay is None:
             self._replays.pop(key, None)
-            return
-        check = checker(b.engine.inputs, ENGINE_PATHS, extra, ENGINE_HELPERS)
-        self._replays[key] = (check, b, v.forward_mode, shaped)
+        else:
+            self._replays[key] = replay
 
     def _replay_requires(self, v: BatchView) -> tuple | None:
         """What else a replay with nothing to do requires of the batch, as (expression over the batch ``v``,
@@ -202,6 +202,11 @@ class CompiledModes:
     def _per_step(self, meta, m, v: BatchView, in_capture: bool) -> None:
         """Per-step updates of the shaped object (fields that are not static buffers)."""
 
+    def _published(self, shaped) -> tuple:
+        """Where the shaped metadata goes for the code that reads it, as (object, attribute, value): this
+        backend's ``forward_metadata``."""
+        return ((self, "forward_metadata", shaped),)
+
     def _publish(self, shaped) -> None:
-        """Hand the shaped metadata to the code that reads it: this backend's ``forward_metadata``."""
-        self.forward_metadata = shaped
+        for obj, attr, value in self._published(shaped):
+            setattr(obj, attr, value)
