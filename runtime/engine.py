@@ -8,8 +8,9 @@ nothing. So when the batch a plan is captured on carries such buffers (every fie
 from the batch is an integer tensor on the backend's device), the capture binds them: the recorded
 in_graph ingests them in place (``guard.ingest``: range-checked, narrowed into the buffers the fused
 kernel reads), and a later step whose view has the same buffers (data pointer and length: attribute
-reads, no tensor op) is served by ``Engine.backed`` alone, plus the host planners that still need
-host data. Nothing is copied, nothing is allocated, no aten op runs.
+reads, no tensor op) is served by one function generated at capture (``replayer``: the check, the
+device record's flag, the plan made current, what the adapter publishes), where no host planner still
+needs host data. Nothing is copied, nothing is allocated, no aten op runs.
 
 A view of other tensors (an eager step, another engine) takes the staging path, correct and slower.
 One device word says which path fed the step: the ingest of a bound graph runs only when it is set,

@@ -29,6 +29,9 @@ L, ROWS, MAX_BS, SIZES = 512, 80, 64, (1, 2, 4, 8, 16, 32, 48)
 class DebugGraph(graphs.CudaGraph):
     def __init__(self, pool=None) -> None:
         super().__init__(pool)
+        # keep_graph: torch keeps the captured cudaGraph_t after instantiating it (debug mode alone did not on
+        # torch 2.14: debug_dump found no graph and wrote nothing)
+        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
         self.graph.enable_debug_mode()
 
 
@@ -60,6 +63,9 @@ def main(argv: list[str]) -> None:
             continue
         path = os.path.join(tempfile.mkdtemp(), f"{mode.name}-{bs}.dot")
         graph.graph.debug_dump(path)
+        if not os.path.exists(path):
+            print(f"== {kind} {mode.name} bs {bs}: torch wrote no DOT file (its warnings above say why)")
+            continue
         text = open(path).read()
         nodes = re.findall(r'"?(\w+)"?\s*\[[^\]]*label="([^"]*)"', text)
         kinds = [lab.split("|")[0].strip("{} \\n") for _, lab in nodes]

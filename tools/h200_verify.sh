@@ -16,8 +16,9 @@
 #   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
 #             own triton and flashinfer at pages 1 and 16 and TRT-LLM MHA at 16, every step compared, about 4
 #   replaymla the same for FlashInfer MLA (its partition planned on the GPU) and FlashMLA, about 2
-#   enginetime  SGLang's real engine, one engine at a time: decode (triton page 1) and EAGLE topk 4, SGLang's own
-#             backend and attnmeta's in both orders (tokens per second of a warm 128-token decode), about 6
+#   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1), EAGLE topk 1
+#             and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
+#             timed at batches 1, 16 and 64 (median of 5 decodes of 128 tokens), about 6 each
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnmeta-verify}
@@ -81,19 +82,26 @@ for stage in "$@"; do
       python3 tools/bench_sglang.py --kinds mla-device,flashmla --pages 1 --iters 40 --json "$OUT/replay-mla.json" \
         > "$OUT/replay-mla.log" 2>&1
       grep "^|" "$OUT/replay-mla.log" ;;
-    enginetime)
+    enginetime-a|enginetime-b)
+      # one engine at a time, each timed at batches 1, 16 and 64 (REPS decodes of 128 tokens after a warm
+      # one); -a runs SGLang's own backend first in each pair, -b attnmeta's
       export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
       export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
-      for order in "triton:1 attnmeta_triton:1 triton:1:4 attnmeta_triton:1:4" \
-                   "attnmeta_triton:1 triton:1 attnmeta_triton:1:4 triton:1:4"; do
-        f="$OUT/enginetime-$(echo "$order" | cut -d' ' -f1 | tr ':' '_').json"
-        # shellcheck disable=SC2086
-        python3 tests/gpu/sglang_engine.py "$f" $order > "$f.log" 2>&1
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v.get('long_tok_per_s'), v.get('long_s'), \
-          sum(v.get('verify_rounds') or [0]), v.get('error', '')) for k, v in d.items()]" "$f"
-      done ;;
+      export ATTNMETA_ENGINE_BATCHES=1,16,64 ATTNMETA_ENGINE_REPS=5
+      pairs="triton:1,attnmeta_triton:1 triton:1:1,attnmeta_triton:1:1 triton:1:4,attnmeta_triton:1:4"
+      order=""
+      for p in $pairs; do
+        a=${p%,*}; b=${p#*,}
+        if [ "$stage" = enginetime-a ]; then order="$order $a $b"; else order="$order $b $a"; fi
+      done
+      f="$OUT/$stage.json"
+      # shellcheck disable=SC2086
+      python3 tests/gpu/sglang_engine.py "$f" $order > "$f.log" 2>&1
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
+for k, v in d.items():
+    print(k, v.get('error', ''), {b: (t['tok_per_s'], t['step_ms'], t.get('round_ms')) for b, t in v.get('timed', {}).items()})" "$f" ;;
     *)
-      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla or enginetime" >&2; exit 2 ;;
+      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla, enginetime-a or enginetime-b" >&2; exit 2 ;;
   esac
   echo "== $stage done at $(since)"
 done

@@ -32,6 +32,10 @@ DRAFT = {**LLAMA, "architectures": ["LlamaForCausalLMEagle"]}
 PROMPTS = [[(7 * i + 3 * j) % 1000 + 1 for j in range(n)] for i, n in enumerate((5, 17, 33, 64, 130, 9))]
 NEW_TOKENS = 24
 LONG = 128  # the timed second request: decode steps dominate it
+# timing (tools/h200_verify.sh enginetime-a, -b): batch sizes of the timed decodes (the prompts repeated; captured
+# graphs cover them) and how many times each is timed after a warm one; the default is the correctness run's
+BATCHES = [int(x) for x in os.environ.get("ATTNMETA_ENGINE_BATCHES", "").split(",") if x]
+REPS = int(os.environ.get("ATTNMETA_ENGINE_REPS", "1"))
 
 
 def model(folder: str, config: dict, weights: dict) -> str:
@@ -86,6 +90,32 @@ def checkpoints() -> tuple[dict, dict]:
     return target, draft
 
 
+GRAPH_SIZES = sorted({1, 2, 4, 8, *BATCHES})
+
+
+def timed(engine, rows: int) -> dict:
+    """``REPS`` greedy decodes of ``LONG`` tokens for ``rows`` prompts, after one untimed: the median's
+    tokens per second, decode step (ms per token) and, under EAGLE, verify round (ms per round)."""
+    import statistics
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
+    params = {"temperature": 0.0, "max_new_tokens": LONG, "ignore_eos": True}
+    engine.generate(input_ids=prompts, sampling_params=params)
+    times, rounds = [], []
+    for _ in range(REPS):
+        t0 = time.perf_counter()
+        out = engine.generate(input_ids=prompts, sampling_params=params)
+        times.append(time.perf_counter() - t0)
+        rounds.append(max(o["meta_info"].get("spec_verify_ct") or 0 for o in out))
+    med = statistics.median(times)
+    res = {"s": [round(t, 4) for t in times], "tok_per_s": round(LONG * rows / med, 1),
+           "step_ms": round(med / LONG * 1e3, 3)}
+    if max(rounds):
+        res["round_ms"] = round(med / statistics.median(rounds) * 1e3, 3)
+        res["rounds"] = rounds
+    return res
+
+
 def run(config: str, root: str) -> dict:
     import sglang
 
@@ -93,7 +123,7 @@ def run(config: str, root: str) -> dict:
     target, draft = checkpoints()
     kw = dict(model_path=model(os.path.join(root, "llama"), LLAMA, target), load_format="safetensors",
               skip_tokenizer_init=True, random_seed=0, mem_fraction_static=0.3, max_total_tokens=32768,
-              cuda_graph_bs_decode=[1, 2, 4, 8], cuda_graph_max_bs_decode=8,
+              cuda_graph_bs_decode=GRAPH_SIZES, cuda_graph_max_bs_decode=max(GRAPH_SIZES),
               disable_prefill_cuda_graph=True, sampling_backend="pytorch", grammar_backend="none",
               attention_backend=backend, page_size=int(page), log_level="warning")
     if topk:
@@ -111,6 +141,7 @@ def run(config: str, root: str) -> dict:
         # warm (kernels compiled, graphs captured): a longer decode, timed; its tokens are compared too
         long = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG})
         t3 = time.time()
+        timing = {str(b): timed(engine, b) for b in BATCHES}
     finally:
         engine.shutdown()
     # the logprobs say, where tokens differ, whether it was a near-tie (rounding) or a real difference
@@ -121,7 +152,7 @@ def run(config: str, root: str) -> dict:
             "accepted": [o["meta_info"].get("spec_num_correct_drafts") for o in out],
             "verify_rounds": [o["meta_info"].get("spec_verify_ct") for o in out],
             "long_tokens": [o["output_ids"] for o in long], "long_s": round(t3 - t2, 3),
-            "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1)}
+            "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1), "timed": timing}
 
 
 def main(argv: list[str]) -> None:

@@ -62,3 +62,29 @@ def test_a_host_field_computed_by_out_graph_stays_fresh_on_replays():
         graphs[bs].replay()
         want = [0, *torch.tensor(seq).cumsum(0).tolist()]
         assert be.forward_metadata.kv_indptr_host[: len(rows) + 1].tolist() == want
+
+
+def test_a_view_shorter_than_the_graph_reads_is_staged_and_the_next_backed_step_replays_again():
+    """A view at the captured buffers' address but shorter than the rows the graph reads is not the engine's
+    replay view: it is staged (host work, the graph reads what was staged); the next view of the whole
+    buffers is replayed in place again, and the graph reads the engine's values, not the staged ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def ops(v) -> list[str]:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            be.init_forward_metadata_out_graph(v)
+        return [e.name for e in prof.events() if e.name.startswith("aten::")]
+
+    be, reg, graphs, _, _ = capture_like_sglang("triton", "cpu")
+    short = reg.load([3, 4], [7, 9], 2)
+    short.seq_lens = short.seq_lens[:1]  # same data pointer, one row: the host mirror still has both
+    assert len(ops(short)) > 1
+    graphs[2].replay()
+    assert be.forward_metadata.kv_indptr[:3].tolist() == [0, 7, 16]
+    # the path changed back: the device word is written once (the graph's ingest reads the engine's buffers)
+    assert ops(reg.load([5, 6], [4, 30], 2)) == ["aten::fill_"]
+    graphs[2].replay()
+    assert be.forward_metadata.kv_indptr[:3].tolist() == [0, 4, 34]
+    assert ops(reg.load([6, 5], [2, 3], 2)) == []
+    graphs[2].replay()
+    assert be.forward_metadata.kv_indptr[:3].tolist() == [0, 2, 5]
