@@ -11,6 +11,8 @@
   ``TRTLLMMHABackend``: SGLang's MLA-family and TRT-LLM backends the same way (``mla.py``,
   ``flashmla.py``, ``trtllm.py``; ``FlashMLABackend`` also needs FlashMLA installed, so it is not in
   ``__all__``);
+- ``FA3Backend``: SGLang's FlashAttention-3 backend the same way (``fa3.py``; it needs SGLang's kernel
+  package, so it is not in ``__all__`` either);
 - ``compile_options(server_args, model_config)``: the compile options SGLang resolves for a server,
   for an artifact compiled ahead of serving;
 - ``register()``: the backends in SGLang's attention-backend registry and its EAGLE draft factory

@@ -124,6 +124,7 @@ class Server:
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
         dt = torch.float32 if self.device == "cpu" else torch.bfloat16
         r.use_mla_backend, r.kv_cache_dtype, r.dtype = mc.attention_arch is AttentionArch.MLA, dt, dt
+        r.kv_cache_dtype_str = "auto"  # SGLang's resolved --kv-cache-dtype (FlashAttention's __init__ reads it)
         dev, width = self.device, mc.context_len + get_req_to_token_extra_context_len()
         slots = self.slots = (self.rows * -(-width // P) + 1) * P
         r.req_to_token_pool = ReqToTokenPool(self.rows - 1, width, dev, False)

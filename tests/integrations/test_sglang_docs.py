@@ -15,7 +15,7 @@ from tests.test_readme import SNIPPETS, needs_sglang, run_snippet
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = ["attnmeta_triton", "attnmeta_flashinfer", "attnmeta_dsv4", "attnmeta_flashmla", "attnmeta_trtllm_mha",
-         "attnmeta_trtllm_mla", "attnmeta_cutedsl_mla"]
+         "attnmeta_fa3", "attnmeta_trtllm_mla", "attnmeta_cutedsl_mla"]
 SGLANG_SNIPPETS = [k for k, s in enumerate(SNIPPETS) if needs_sglang(s)]
 
 

@@ -32,7 +32,7 @@ def test_register_names_every_kind_in_sglangs_registry_and_draft_factory():
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     names = register()
-    kinds = ("triton", "flashinfer", "dsv4", "flashmla", "trtllm_mha", "trtllm_mla", "cutedsl_mla")
+    kinds = ("triton", "flashinfer", "dsv4", "flashmla", "trtllm_mha", "fa3", "trtllm_mla", "cutedsl_mla")
     assert names == [f"attnmeta_{k}" for k in kinds]
     for n in names:
         assert n in ATTENTION_BACKENDS and n in ATTENTION_BACKEND_CHOICES

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from attnmeta.compiler import ForwardMode
 from attnmeta.integrations.sglang.batch import BatchView
-from tests import fake_flash_mla, fake_flashinfer
+from tests import fake_fa3, fake_flash_mla, fake_flashinfer
 from tests.integrations.sglang_server import (
     ROWS,
     Runners,
@@ -46,6 +46,8 @@ CASES = {
     "flashinfer-eagle": (["--attention-backend", "attnmeta_flashinfer", *EAGLE], "llama", fake_flashinfer.into_sglang),
     "flashinfer-p16": (["--attention-backend", "attnmeta_flashinfer", "--page-size", "16"], "llama",
                        fake_flashinfer.into_sglang),
+    "fa3-p16-eagle": (["--attention-backend", "attnmeta_fa3", "--page-size", "16", *CHAIN], "llama",
+                      fake_fa3.into_sglang),
     "trtllm_mha-eagle": (["--attention-backend", "attnmeta_trtllm_mha", "--page-size", "16", *CHAIN], "llama",
                          fake_flashinfer.into_sglang_trtllm),
     "trtllm_mla-eagle": (["--attention-backend", "attnmeta_trtllm_mla", "--page-size", "64", *CHAIN], "deepseek",

@@ -132,8 +132,15 @@ _REAL = {n: globals()[n] for n in (
     "rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "silu_and_mul", "gelu_and_mul",
     "gelu_tanh_and_mul", "apply_rope_with_cos_sin_cache_inplace", "rotary_embedding", "merge_state_v2",
     "merge_state", "weak_ref_tensor", "get_cuda_stream")}
+def get_scheduler_metadata(**_):
+    """FlashAttention-3's precomputed split schedule: none. ``flash_attn_with_kvcache`` takes
+    ``scheduler_metadata=None`` as "plan inside the kernel", which is what FA3 does without it."""
+    return None
+
+
 _SUB_REAL = {"utils": {"is_arch_support_pdl": lambda *a, **k: False, "get_cuda_stream": get_cuda_stream},
-             "elementwise": {k: _REAL[k] for k in ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")}}
+             "elementwise": {k: _REAL[k] for k in ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")},
+             "flash_attn": {"get_scheduler_metadata": get_scheduler_metadata}}
 
 
 def __getattr__(name: str):

@@ -1,0 +1,68 @@
+"""SGLang's FlashAttention-3 backend (``fa3``, its default on Hopper for most dense models) with its
+captured modes' metadata compiled by attnmeta.
+
+``FA3Backend`` *is* SGLang's ``FlashAttentionBackend`` (a subclass, built by SGLang's own ``__init__``
+from the model runner); ``CompiledModes`` routes decode, idle, target verify and draft extend V2 to
+the compiled ``flashattention`` spec (one fused kernel per step: key lengths, query and key indptrs,
+the page table at its static width) and everything else to SGLang's own code. EAGLE's multi-step draft
+decode stays SGLang's own ``FlashAttentionMultiStepBackend``.
+
+What it does not serve yet is refused at start with the reason (``unserved``): EAGLE with topk > 1
+(FA3's tree-mask and expand metadata), sliding-window and chunked local attention, MLA on FA3, the FA4
+kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
+
+FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
+"schedule inside the kernel": SGLang computes it once at capture, from the capture batch, and reuses it
+on every replay of that graph.
+"""
+
+from __future__ import annotations
+
+from .kinds import sglang
+from .options import rank_heads, resolved_options
+from .served import CompiledModes
+
+_SGLangFA3 = sglang("sglang.srt.layers.attention.flashattention_backend", "FlashAttentionBackend",
+                    needs="SGLang and its kernel package sgl_kernel (FlashAttention-3's kernels)",
+                    install="pip install 'attnmeta[sglang]' sgl-kernel")
+
+
+class FA3Backend(CompiledModes, _SGLangFA3):
+    """SGLang's FlashAttention-3 backend; its decode, idle, target verify (topk 1) and draft extend V2
+    metadata compiled into one recorded kernel instead of SGLang's per-step rebuild on the host and
+    device."""
+
+    spec_name, sglang_name = "flashattention", "fa3"
+
+    def __init__(self, model_runner, skip_prefill: bool = False, speculative_step_id: int = 0, topk: int = 0,
+                 speculative_num_steps: int = 0, fa_impl_ver: int = 3, *, compiled=None):
+        super().__init__(model_runner, skip_prefill, speculative_step_id, topk, speculative_num_steps, fa_impl_ver)
+        q, kv = rank_heads(model_runner)
+        wanted = resolved_options(model_runner, self, num_heads=q, num_kv_heads=kv)
+        self._attach(compiled, wanted, self.req_to_token, model_runner.device)
+
+    def unserved(self) -> list[str]:
+        import sglang.srt.layers.attention.flashattention_backend as fa
+
+        major = (fa.get_device_capability() or (0, 0))[0]
+        checks = ((major not in (8, 9), f"a GPU of compute capability {major}.x (FlashAttention-3 runs on 8.x and "
+                                        "9.x: SGLang's own fa3 refuses it too)"),
+                  (self.topk > 1, "EAGLE with topk > 1 (FA3's tree-mask and expand metadata)"),
+                  (self.has_swa or self.use_sliding_window_kv_pool, "sliding-window attention"),
+                  (self.local_attn_builder is not None, "chunked local attention"),
+                  (self.use_mla, "MLA models on FlashAttention"),
+                  (self.fa_impl_ver != 3, f"FlashAttention {self.fa_impl_ver} (attnmeta_fa3 serves FA3's)"),
+                  (self.kv_index_translator.is_translating, "a translated (unified) KV pool"),
+                  (self._kv_shard_pool is not None, "a sharded KV pool"),
+                  (self.is_encoder_decoder, "encoder-decoder models"))
+        return [name for bad, name in checks if bad]
+
+    def _shape(self, m, v):
+        from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
+
+        return FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
+                                      max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.cu_seqlens_q,
+                                      cu_seqlens_k=m.cu_seqlens_k, page_table=m.page_table)
+
+    def _per_step(self, meta, m, v, in_capture: bool) -> None:
+        self.forward_metadata_spec_decode_expand = None  # topk 1: no expand metadata (FA3's forward reads it)

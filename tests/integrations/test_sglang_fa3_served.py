@@ -1,0 +1,110 @@
+"""``attnmeta_fa3`` built by SGLang's registry from its flags and served through its graph runners' capture and
+replay, against SGLang's own ``FlashAttentionBackend`` (``--attention-backend fa3``) built the same way on the
+same runner and batches.
+
+Both sides are SGLang's class (attnmeta's subclasses it), so both need, on a CPU, the stand-ins of
+``fake_fa3`` (SGLang's kernel package, a Hopper's compute capability). SGLang's own metadata code runs as
+written (its Triton page-table and metadata kernels in the interpreter); no attention kernel runs. Compared
+on every step of decode, target verify (EAGLE topk 1) and draft extend V2 interleaved, eager and replayed,
+with and without host lengths: what FlashAttention-3's decode kernel reads (key lengths, query and key
+indptrs, the longest query, the pages each row's keys cover). ``max_seq_len_k`` is not compared: FA3's
+kernel does not read it (attnmeta's is the context, SGLang's the batch's longest)."""
+
+import pytest
+
+# SGLang's FlashAttention module imports sgl_kernel, which fake_fa3 stands in: probe SGLang itself
+pytest.importorskip("sglang.srt.layers.attention.base_attn_backend", reason="SGLang is not installed here; "
+                    "make test-sglang runs these")
+
+import random
+
+import torch
+
+from attnmeta.compiler.ir.errors import OptionsError
+from tests import fake_fa3
+from tests.integrations.served_pairs import serve, side_by_side
+from tests.integrations.sglang_server import ROWS, Server, decode
+from tests.integrations.test_sglang_serving import lens
+
+EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
+         "--speculative-num-draft-tokens", "4"]
+CASES = {"page1": (1, False), "page16-eagle": (16, True), "page64": (64, False), "page1-eagle": (1, True)}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request):
+    page, eagle = CASES[request.param]
+    with pytest.MonkeyPatch.context() as mp:
+        fake_fa3.into_sglang(mp)
+        yield Server(["--attention-backend", "attnmeta_fa3", "--page-size", str(page), *(EAGLE if eagle else [])],
+                     seed=17)
+
+
+def same(ours, theirs, live: int, P: int, what: str) -> None:
+    keys = theirs.cache_seqlens_int32[:live].tolist()
+    assert ours.cache_seqlens_int32[:live].tolist() == keys, (what, "cache_seqlens_int32")
+    for i, k in enumerate(keys):
+        pages = -(-k // P)
+        assert ours.page_table[i, :pages].tolist() == theirs.page_table[i, :pages].tolist(), (what, "page_table", i)
+    for f in ("cu_seqlens_q", "cu_seqlens_k"):
+        assert getattr(ours, f)[: live + 1].tolist() == getattr(theirs, f)[: live + 1].tolist(), (what, f)
+    assert int(ours.max_seq_len_q) == int(theirs.max_seq_len_q), (what, "max_seq_len_q")
+    assert ours.window_size == theirs.window_size == (-1, -1), what
+
+
+def test_sglang_built_attnmeta_fa3_from_its_flags(case):
+    from attnmeta.integrations.sglang.fa3 import FA3Backend
+
+    s = case
+    assert type(s.backend) is FA3Backend
+    o = s.backend.attnmeta.compiled.options
+    assert (o.page_size, o.max_bs) == (s.runner.page_size, max(s.sizes))
+    if s.speculative:  # draft extend compiled; draft decode SGLang's own multi-step drafter
+        assert isinstance(s.draft_extend, FA3Backend)
+        assert not hasattr(s.draft_decode, "attnmeta")
+
+
+def test_every_step_equals_sglangs_own_fa3(case):
+    s, rng = case, random.Random(6)
+    P, L = s.runner.page_size, s.model_config.context_len
+    modes, pairs, D = side_by_side(s, "fa3")
+    for step in range(16):
+        mode, replayed = modes[step % len(modes)], step % 4 != 3
+        n = rng.randint(1, max(s.sizes))
+        rows = rng.sample(range(1, ROWS), n)
+        seq = lens(rng, n, L - 2 * D)
+        runners = pairs[mode]
+        serve(s, runners, mode, rows, seq, step, replayed, bare=step % 5 == 4)
+        assert runners[0].backend._ours is not None  # attnmeta's compiled plan served it, not SGLang's code
+        same(runners[0].backend.forward_metadata, runners[1].backend.forward_metadata, n, P,
+             f"fa3 page {P} {mode} step {step} replayed={replayed}")
+
+
+def test_the_comparison_can_fail(case):
+    """A page one off and a key length one off are caught."""
+    s = case
+    with s.active():
+        s.backend.init_forward_metadata(decode(s, [3, 5], [70, 130]))
+    m = s.backend.forward_metadata
+    twin = type(m)(**{**vars(m), "page_table": m.page_table.clone(),
+                      "cache_seqlens_int32": m.cache_seqlens_int32.clone()})
+    twin.page_table[1, 0] += 1
+    with pytest.raises(AssertionError):
+        same(m, twin, 2, s.runner.page_size, "page")
+    twin.page_table[1, 0] -= 1
+    same(m, twin, 2, s.runner.page_size, "restored")
+    twin.cache_seqlens_int32[0] += 1
+    with pytest.raises(AssertionError):
+        same(m, twin, 2, s.runner.page_size, "key")
+    assert torch.equal(m.cache_seqlens_int32, torch.tensor([70, 130], dtype=torch.int32))
+
+
+def test_what_attnmeta_fa3_does_not_serve_is_refused_by_name():
+    with pytest.MonkeyPatch.context() as mp:
+        fake_fa3.into_sglang(mp)
+        with pytest.raises(OptionsError, match="topk > 1"):
+            Server(["--attention-backend", "attnmeta_fa3", "--speculative-algorithm", "EAGLE",
+                    "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
+                    "--speculative-num-draft-tokens", "6"])
+        with pytest.raises(OptionsError, match="serves multi-head attention models"):
+            Server(["--attention-backend", "attnmeta_fa3"], model="deepseek")
