@@ -132,6 +132,78 @@ _REAL = {n: globals()[n] for n in (
     "rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "silu_and_mul", "gelu_and_mul",
     "gelu_tanh_and_mul", "apply_rope_with_cos_sin_cache_inplace", "rotary_embedding", "merge_state_v2",
     "merge_state", "weak_ref_tensor", "get_cuda_stream")}
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False, sinks=None, out=None, ver=3, **_):
+    """FlashAttention-3's attention over a paged KV cache, in torch, reading what FA3 reads: the page table
+    (``k_cache`` is ``[pages, P, Hkv, D]``), each request's key count ``cache_seqlens``, its queries
+    ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` (the last of them at key position ``cache_seqlens[b] - 1``),
+    causal, the window ``(left, right)``, the soft cap, the scale. Capturable: no host read of a device
+    value (the padded query width is ``max_seqlen_q``, the key width the page table's). ``cu_seqlens_k_new``
+    is read only with new keys, which SGLang never passes (it writes the cache itself)."""
+    unsupported = dict(k=k, v=v, qv=qv, rotary_cos=rotary_cos, cache_batch_idx=cache_batch_idx,
+                       cache_leftpad=cache_leftpad, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                       sinks=sinks)
+    bad = [n for n, x in unsupported.items() if x is not None] + (["attention_chunk"] if attention_chunk else [])
+    if bad:
+        raise StandInCalled(f"sgl_kernel.flash_attn.flash_attn_with_kvcache with {bad}: the stand-in reads a "
+                            "paged cache with none of these")
+    shape4 = cu_seqlens_q is None
+    if shape4:  # [B, Sq, H, D]: every request Sq queries
+        B, Sq = q.shape[:2]
+        cu_seqlens_q = torch.arange(B + 1, device=q.device, dtype=torch.int32) * Sq
+        max_seqlen_q = Sq
+    H, D = q.shape[-2:]
+    flat = q.reshape(-1, H, D)
+    B, T = cu_seqlens_q.shape[0] - 1, flat.shape[0]
+    Hkv, Dv = k_cache.shape[-2], v_cache.shape[-1]
+    if page_table is None:
+        K, V = k_cache[:B], v_cache[:B]
+    else:
+        P, pages = k_cache.shape[1], k_cache.shape[0]
+        slots = (page_table.long().clamp(0, pages - 1)[:, :, None] * P
+                 + torch.arange(P, device=q.device)).reshape(B, -1)
+        K, V = k_cache.reshape(-1, Hkv, D)[slots], v_cache.reshape(-1, Hkv, Dv)[slots]
+    g = H // Hkv
+    K, V = K.float().repeat_interleave(g, dim=2), V.float().repeat_interleave(g, dim=2)  # [B, Sk, H, D]
+    cu = cu_seqlens_q.long()
+    t = torch.arange(T, device=q.device)
+    bid = torch.searchsorted(cu[1:], t, right=True).clamp(max=B - 1)
+    row = t - cu[bid]
+    Q = torch.zeros(B, int(max_seqlen_q), H, D, dtype=torch.float32, device=q.device)
+    Q[bid, row] = flat.float()
+    s = torch.einsum("bqhd,bkhd->bhqk", Q, K) * (softmax_scale or D ** -0.5)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    lens, nq = cache_seqlens.long(), cu[1:] - cu[:-1]
+    kpos = torch.arange(K.shape[1], device=q.device)
+    qpos = lens[:, None] - nq[:, None] + torch.arange(Q.shape[1], device=q.device)  # [B, q]
+    ok = kpos[None, None, :] < lens[:, None, None]
+    left, right = window_size
+    if causal:
+        ok = ok & (kpos[None, None, :] <= qpos[:, :, None])
+    elif right >= 0:
+        ok = ok & (kpos[None, None, :] <= qpos[:, :, None] + right)
+    if left >= 0:
+        ok = ok & (kpos[None, None, :] >= qpos[:, :, None] - left)
+    s = s.masked_fill(~ok[:, None], float("-inf"))
+    lse = torch.logsumexp(s, -1)  # [B, H, q]; natural log, as FA3's
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # a query row with no key attends to nothing
+    o = torch.einsum("bhqk,bkhd->bqhd", p, V)[bid, row].to(q.dtype)  # [T, H, Dv]
+    if out is not None:
+        out.copy_(o.view(out.shape))
+        o = out
+    elif shape4:
+        o = o.view(*q.shape[:2], H, Dv)
+    if return_softmax_lse:
+        return o, lse.permute(1, 0, 2)[:, bid, row]  # [H, T]
+    return o
+
+
 def get_scheduler_metadata(**_):
     """FlashAttention-3's precomputed split schedule: none. ``flash_attn_with_kvcache`` takes
     ``scheduler_metadata=None`` as "plan inside the kernel", which is what FA3 does without it."""
@@ -140,7 +212,8 @@ def get_scheduler_metadata(**_):
 
 _SUB_REAL = {"utils": {"is_arch_support_pdl": lambda *a, **k: False, "get_cuda_stream": get_cuda_stream},
              "elementwise": {k: _REAL[k] for k in ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul")},
-             "flash_attn": {"get_scheduler_metadata": get_scheduler_metadata}}
+             "flash_attn": {"get_scheduler_metadata": get_scheduler_metadata,
+                            "flash_attn_with_kvcache": flash_attn_with_kvcache}}
 
 
 def __getattr__(name: str):
