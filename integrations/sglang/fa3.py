@@ -4,8 +4,9 @@ captured modes' metadata compiled by attnmeta.
 ``FA3Backend`` *is* SGLang's ``FlashAttentionBackend`` (a subclass, built by SGLang's own ``__init__``
 from the model runner); ``CompiledModes`` routes decode, idle, target verify and draft extend V2 to
 the compiled ``flashattention`` spec (one fused kernel per step: key lengths, query and key indptrs,
-the page table at its static width) and everything else to SGLang's own code. EAGLE's multi-step draft
-decode stays SGLang's own ``FlashAttentionMultiStepBackend``.
+the page table at its static width) and everything else to SGLang's own code. ``FA3DraftBackend`` is
+SGLang's ``FlashAttentionMultiStepBackend`` with every draft step's metadata compiled into one kernel
+(``flashattention_draft``; EAGLE topk 1).
 
 What it does not serve yet is refused at start with the reason (``unserved``): EAGLE with topk > 1
 (FA3's tree-mask and expand metadata), sliding-window and chunked local attention, MLA on FA3, the FA4
@@ -18,13 +19,17 @@ on every replay of that graph.
 
 from __future__ import annotations
 
+from attnmeta.compiler.ir.errors import OptionsError
+
+from .draft import _Drafter, _step
 from .kinds import sglang
 from .options import rank_heads, resolved_options
 from .served import CompiledModes
 
-_SGLangFA3 = sglang("sglang.srt.layers.attention.flashattention_backend", "FlashAttentionBackend",
-                    needs="SGLang and its kernel package sgl_kernel (FlashAttention-3's kernels)",
-                    install="pip install 'attnmeta[sglang]' sgl-kernel")
+_SGLangFA3, _SGLangFA3Draft = sglang("sglang.srt.layers.attention.flashattention_backend", "FlashAttentionBackend",
+                                     "FlashAttentionMultiStepBackend",
+                                     needs="SGLang and its kernel package sgl_kernel (FlashAttention-3's kernels)",
+                                     install="pip install 'attnmeta[sglang]' sgl-kernel")
 
 
 class FA3Backend(CompiledModes, _SGLangFA3):
@@ -66,3 +71,31 @@ class FA3Backend(CompiledModes, _SGLangFA3):
 
     def _per_step(self, meta, m, v, in_capture: bool) -> None:
         self.forward_metadata_spec_decode_expand = None  # topk 1: no expand metadata (FA3's forward reads it)
+
+
+class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
+    """SGLang's FlashAttention-3 multi-step drafter (topk 1); every step's key lengths, key indptr and page
+    table from ``flashattention_draft`` in one recorded kernel, where SGLang rebuilds each step's on the host
+    and device every round. Each step's attention is its own SGLang child backend's."""
+
+    spec_name = "flashattention_draft"
+
+    def __init__(self, model_runner, topk: int, speculative_num_steps: int, fa_impl_ver: int = 3, *, compiled=None):
+        if topk > 1:
+            raise OptionsError(f"attnmeta's flashattention_draft plans EAGLE topk 1, not {topk} (FA3's draft decode "
+                               "with topk > 1 reads expand metadata it does not build); serve this draft with "
+                               "SGLang's own fa3 backend")
+        super().__init__(model_runner, topk, speculative_num_steps, fa_impl_ver)
+        q, kv = rank_heads(model_runner)
+        wanted = resolved_options(model_runner, self.attn_backends[0], modes=("decode", "idle"), topk=1,
+                                  num_steps=speculative_num_steps, num_heads=q, num_kv_heads=kv)
+        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
+
+    def _step_shape(self, m, s: int):
+        from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
+
+        return FlashAttentionMetadata(cache_seqlens_int32=_step(m, s, "cache_seqlens_int32"),
+                                      max_seq_len_q=int(m.max_seq_len_q),
+                                      max_seq_len_k=self.attnmeta.compiled.options.max_context_len,
+                                      cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=_step(m, s, "cu_seqlens_k"),
+                                      page_table=_step(m, s, "page_table"))

@@ -73,8 +73,7 @@ KINDS = (
     Kind("dsv4", "dsv4_backend:DSV4Backend", drafts=False),
     Kind("flashmla", "flashmla:FlashMLABackend", models="mla"),
     Kind("trtllm_mha", "trtllm:TRTLLMMHABackend", models="mha"),
-    # FlashAttention-3 (SGLang's Hopper default): EAGLE's draft decode stays SGLang's own multi-step drafter
-    Kind("fa3", "fa3:FA3Backend", models="mha"),
+    Kind("fa3", "fa3:FA3Backend", models="mha", drafter="fa3:FA3DraftBackend"),  # FlashAttention-3
     Kind("trtllm_mla", "trtllm:TRTLLMMLABackend", models="mla"),
     # CuTe-DSL MLA serves decode only: SGLang's draft extend falls back to TRT-LLM MLA, and so does attnmeta's
     Kind("cutedsl_mla", "trtllm:CuteDSLMLABackend", models="mla", extender="trtllm:TRTLLMMLABackend"),

@@ -23,7 +23,7 @@ import torch
 from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
 from tests.integrations.served_pairs import serve, side_by_side
-from tests.integrations.sglang_server import ROWS, Server, decode
+from tests.integrations.sglang_server import ROWS, Runners, Server, decode, draft_decode, draft_decode_view
 from tests.integrations.test_sglang_serving import lens
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
@@ -59,9 +59,11 @@ def test_sglang_built_attnmeta_fa3_from_its_flags(case):
     assert type(s.backend) is FA3Backend
     o = s.backend.attnmeta.compiled.options
     assert (o.page_size, o.max_bs) == (s.runner.page_size, max(s.sizes))
-    if s.speculative:  # draft extend compiled; draft decode SGLang's own multi-step drafter
-        assert isinstance(s.draft_extend, FA3Backend)
-        assert not hasattr(s.draft_decode, "attnmeta")
+    if s.speculative:  # draft extend and every draft decode step compiled
+        from attnmeta.integrations.sglang.fa3 import FA3DraftBackend
+
+        assert isinstance(s.draft_extend, FA3Backend) and isinstance(s.draft_decode, FA3DraftBackend)
+        assert len(s.draft_decode.attn_backends) == s.spec.speculative_num_steps - 1
 
 
 def test_every_step_equals_sglangs_own_fa3(case):
@@ -78,6 +80,36 @@ def test_every_step_equals_sglangs_own_fa3(case):
         assert runners[0].backend._ours is not None  # attnmeta's compiled plan served it, not SGLang's code
         same(runners[0].backend.forward_metadata, runners[1].backend.forward_metadata, n, P,
              f"fa3 page {P} {mode} step {step} replayed={replayed}")
+
+
+def test_every_draft_decode_step_equals_sglangs_own_fa3_drafter(case):
+    """EAGLE's draft decode (topk 1): each step's metadata, SGLang's child backend of that step beside
+    attnmeta's, eager and replayed."""
+    s, rng = case, random.Random(8)
+    if not s.speculative:
+        pytest.skip("a plain server drafts nothing")
+    P, L, S = s.runner.page_size, s.model_config.context_len, s.spec.speculative_num_steps
+    pair = [Runners(s, s.draft_decode, "fa3", 1), Runners(s, s.own_drafters("fa3")[0], "fa3", 1)]
+    with s.active():
+        for r in pair:
+            r.capture(lambda bs: draft_decode(s, [0] * bs, [1] * bs), "draft")
+    for step in range(8):
+        replayed = step % 3 != 2
+        n = rng.randint(1, max(s.sizes))
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - S)
+        with s.active():
+            for r in pair:
+                fb = draft_decode(s, rows, seq)
+                if replayed:
+                    r.replay(fb, "draft", draft_decode_view(fb, r.bucket(n), r.fill))
+                else:
+                    r.backend.init_forward_metadata(fb)
+        assert pair[0].backend._ours is not None  # attnmeta's compiled round served it
+        for i, (ours, theirs) in enumerate(zip(pair[0].backend.attn_backends, pair[1].backend.attn_backends,
+                                               strict=True)):
+            same(ours.forward_metadata, theirs.forward_metadata, n, P, f"draft step {i}, round {step}, "
+                 f"replayed={replayed}")
+            assert theirs.forward_metadata.cache_seqlens_int32[:n].tolist() == [x + i + 1 for x in seq]
 
 
 def test_the_comparison_can_fail(case):
