@@ -67,7 +67,7 @@ STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_
 # "flashmla" is FlashMLA (on DeepSeek-V3's 128 heads: its schedule's part count depends on them)
 OWN = {"mla": "flashinfer", "mla-device": "flashinfer"}
 MLA_MODELS = ("mla", "mla-device", "flashmla")
-CHAIN = MLA_MODELS + ("trtllm_mha",)  # kinds whose EAGLE verifies a chain (topk 1) in SGLang
+CHAIN = MLA_MODELS + ("trtllm_mha", "fa3")  # kinds whose EAGLE verifies a chain (topk 1) here
 MODES = {"mla": ("verify",), "mla-device": ("verify",)}  # SGLang's FlashInfer MLA captures no draft extend graph
 PLANNER = {"mla": "host", "mla-device": "device"}
 
@@ -123,7 +123,7 @@ class Side:
             return mla_read(be, mine, self.mode, prep)
         if self.kind == "flashmla":
             return flashmla_read(be.forward_metadata, self.mode, prep)
-        if self.kind == "trtllm_mha":
+        if self.kind in ("trtllm_mha", "fa3"):  # FA3's kernel reads what TRT-LLM MHA's reads
             return trtllm_read(be.forward_metadata, prep, self.runner.server.runner.page_size)
         if self.kind == "flashinfer":
             if mine:
@@ -401,7 +401,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", default="triton,flashinfer",
                     help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2), mla-device (the same, its partition "
                     "planned in the graph), flashmla (FlashMLA, pages of 64: --pages 64 --eagle-pages 64), "
-                    "trtllm_mha (TRT-LLM MHA's metadata; pages of 16, 32 or 64)")
+                    "trtllm_mha (TRT-LLM MHA's metadata; pages of 16, 32 or 64), fa3 (FlashAttention-3's; SGLang's "
+                    "kernel package, or the stand-in of tests/gpu/standin on PYTHONPATH)")
     ap.add_argument("--pages", default="1,16")
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")

@@ -14,7 +14,8 @@
 #             the staging, guard and graph tests, about 8
 #   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
 #   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
-#             own triton and flashinfer at pages 1 and 16 and TRT-LLM MHA at 16, every step compared, about 4
+#             own triton and flashinfer at pages 1 and 16, TRT-LLM MHA at 16 and fa3 at 1 and 16, every step compared,
+#             about 5
 #   replaymla the same for FlashInfer MLA (its partition planned on the GPU) and FlashMLA, about 2
 #   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1), EAGLE topk 1
 #             and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
@@ -77,7 +78,12 @@ for stage in "$@"; do
       grep "^|" "$OUT/replay-bench.log"
       python3 tools/bench_sglang.py --kinds trtllm_mha --pages 16 --eagle-pages 16 --iters 40 \
         --json "$OUT/replay-trtllm.json" > "$OUT/replay-trtllm.log" 2>&1
-      grep "^|" "$OUT/replay-trtllm.log" | tail -n +3 ;;
+      grep "^|" "$OUT/replay-trtllm.log" | tail -n +3
+      # FlashAttention-3: SGLang's own fa3 and attnmeta_fa3 import SGLang's kernel package (its stand-in here)
+      PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}" SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+        python3 tools/bench_sglang.py --kinds fa3 --pages 1,16 --eagle-pages 16 --iters 40 \
+        --json "$OUT/replay-fa3.json" > "$OUT/replay-fa3.log" 2>&1
+      grep "^|" "$OUT/replay-fa3.log" | tail -n +3 ;;
     replaymla)
       python3 tools/bench_sglang.py --kinds mla-device,flashmla --pages 1 --iters 40 --json "$OUT/replay-mla.json" \
         > "$OUT/replay-mla.log" 2>&1
