@@ -1,14 +1,11 @@
 """Plugging the backends into SGLang: its attention-backend registry and its EAGLE draft factory.
 
-``register()`` adds ``attnmeta_triton``, ``attnmeta_flashinfer``, ``attnmeta_fa3``, ``attnmeta_dsv4``,
-``attnmeta_flashmla``, ``attnmeta_trtllm_mha``, ``attnmeta_trtllm_mla`` and ``attnmeta_cutedsl_mla`` to SGLang's
-registry
+``register()`` adds ``attnmeta_<kind>`` for every kind of the table in ``kinds.py`` to SGLang's registry
 and to the names ``--attention-backend`` (and ``--decode-attention-backend``,
 ``--prefill-attention-backend``) accept, and teaches SGLang's ``DraftBackendFactory`` the same names
 for EAGLE's draft decode and draft extend, and lets its speculative-decoding checks and its page-size rule
 take each name for the kind it is (``_rules_see_kinds``). SGLang then builds them from its ``ModelRunner``
-as it builds its own kinds: each is SGLang's own backend of that kind (``backend.py``, ``fa3.py``,
-``flashmla.py``, ``trtllm.py``), compiled
+as it builds its own kinds: each is SGLang's own backend of that kind (the class its row names), compiled
 at start from what SGLang resolved or, with ``ATTNMETA_ARTIFACT=path`` (an artifact of ``attnmeta compile
 ... --out path``), loaded without compiling and checked against the server.
 """
