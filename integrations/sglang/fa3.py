@@ -49,9 +49,10 @@ class FA3Backend(CompiledModes, _SGLangFA3):
     def unserved(self) -> list[str]:
         import sglang.srt.layers.attention.flashattention_backend as fa
 
-        major = (fa.get_device_capability() or (0, 0))[0]
-        checks = ((major not in (8, 9), f"a GPU of compute capability {major}.x (FlashAttention-3 runs on 8.x and "
-                                        "9.x: SGLang's own fa3 refuses it too)"),
+        major = (fa.get_device_capability() or (None,))[0] or 0  # no GPU: (None, None)
+        gpu = f"a GPU of compute capability {major}.x" if major else "a machine without a CUDA GPU"
+        checks = ((major not in (8, 9), f"{gpu} (FlashAttention-3 runs on compute capability 8.x and 9.x, as SGLang's "
+                                        "own fa3 requires; attnmeta_flashinfer and attnmeta_triton run elsewhere)"),
                   (self.topk > 1, "EAGLE with topk > 1 (FA3's tree-mask and expand metadata)"),
                   (self.has_swa or self.use_sliding_window_kv_pool, "sliding-window attention"),
                   (self.local_attn_builder is not None, "chunked local attention"),

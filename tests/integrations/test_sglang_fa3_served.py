@@ -140,3 +140,8 @@ def test_what_attnmeta_fa3_does_not_serve_is_refused_by_name():
                     "--speculative-num-draft-tokens", "6"])
         with pytest.raises(OptionsError, match="serves multi-head attention models"):
             Server(["--attention-backend", "attnmeta_fa3"], model="deepseek")
+        import sglang.srt.layers.attention.flashattention_backend as fa
+
+        mp.setattr(fa, "get_device_capability", lambda *a, **k: (12, 0))  # a Blackwell workstation GPU
+        with pytest.raises(OptionsError, match=r"compute capability 12\.x .*attnmeta_flashinfer"):
+            Server(["--attention-backend", "attnmeta_fa3"])
