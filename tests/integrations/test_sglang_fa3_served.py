@@ -23,7 +23,15 @@ import torch
 from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
 from tests.integrations.served_pairs import serve, side_by_side
-from tests.integrations.sglang_server import ROWS, Runners, Server, decode, draft_decode, draft_decode_view
+from tests.integrations.sglang_server import (
+    ROWS,
+    Runners,
+    Server,
+    decode,
+    draft_decode,
+    draft_decode_view,
+    prefill,
+)
 from tests.integrations.test_sglang_serving import lens
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
@@ -110,6 +118,28 @@ def test_every_draft_decode_step_equals_sglangs_own_fa3_drafter(case):
             same(ours.forward_metadata, theirs.forward_metadata, n, P, f"draft step {i}, round {step}, "
                  f"replayed={replayed}")
             assert theirs.forward_metadata.cache_seqlens_int32[:n].tolist() == [x + i + 1 for x in seq]
+
+
+def test_prefill_and_mixed_are_sglangs_own_fa3(case):
+    """A server's first request is a prefill: SGLang's own FA3 code builds its metadata (attnmeta compiles
+    the captured modes only), equal to SGLang's own backend's, mixed batches too."""
+    s, rng = case, random.Random(2)
+    P = s.runner.page_size
+    with s.active():
+        own = s.own("fa3")
+        for mixed in (False, True):
+            rows = rng.sample(range(1, ROWS), 3)
+            for be in (s.backend, own):
+                be.init_forward_metadata(prefill(s, rows, [0, 17, 300], [5, 64, 1], mixed))
+            assert s.backend._ours is None  # routed to SGLang's code
+            ours, theirs = s.backend.forward_metadata, own.forward_metadata
+            assert ours.cache_seqlens_int32.tolist() == theirs.cache_seqlens_int32.tolist() == [5, 81, 301]
+            for f in ("cu_seqlens_q", "cu_seqlens_k"):
+                assert getattr(ours, f).tolist() == getattr(theirs, f).tolist(), f
+            assert ours.max_seq_len_q == theirs.max_seq_len_q == 64
+            for i, k in enumerate([5, 81, 301]):
+                pages = -(-k // P)
+                assert ours.page_table[i, :pages].tolist() == theirs.page_table[i, :pages].tolist()
 
 
 def test_the_comparison_can_fail(case):
