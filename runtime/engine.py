@@ -133,7 +133,7 @@ def replayer(b, backend, paths: dict[str, str] | None = None, extra: tuple = (),
     ns = dict(helpers or {}, FLAG=memoryview(e.guard.host_np), RAISE=e.guard.raise_pending, WORD=e.word,
               SET=e.word.set, AM=backend, B=b)
     lines = ["def replay(v):", "    try:",
-             f"        if not ({_backed(b.engine.inputs, paths, extra, ns)}):", "            return False",
+             f"        if not ({_backed(e.inputs, paths, extra, ns)}):", "            return False",
              "    except (AttributeError, IndexError, TypeError):", "        return False",
              "    if FLAG[0]:", "        RAISE()", "    if WORD.value != 1:", "        SET(1)",
              "    AM._current = B", "    AM.forward_metadata = B.meta"]

@@ -70,9 +70,6 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                                       max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.cu_seqlens_q,
                                       cu_seqlens_k=m.cu_seqlens_k, page_table=m.page_table)
 
-    def _per_step(self, meta, m, v, in_capture: bool) -> None:
-        self.forward_metadata_spec_decode_expand = None  # topk 1: no expand metadata (FA3's forward reads it)
-
 
 class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
     """SGLang's FlashAttention-3 multi-step drafter (topk 1); every step's key lengths, key indptr and page

@@ -23,15 +23,7 @@ import torch
 from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
 from tests.integrations.served_pairs import serve, side_by_side
-from tests.integrations.sglang_server import (
-    ROWS,
-    Runners,
-    Server,
-    decode,
-    draft_decode,
-    draft_decode_view,
-    prefill,
-)
+from tests.integrations.sglang_server import ROWS, Runners, Server, decode, draft_decode, draft_decode_view, prefill
 from tests.integrations.test_sglang_serving import lens
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
