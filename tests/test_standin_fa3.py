@@ -76,3 +76,18 @@ def test_what_it_does_not_read_is_refused_by_name():
     with pytest.raises(RuntimeError, match=r"\['k', 'v'\]"):
         FA(torch.zeros(1, 1, 4), kc, kc, k=kc, v=kc, cache_seqlens=torch.ones(1, dtype=torch.int32),
            cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32), max_seqlen_q=1)
+
+
+def test_tokens_past_the_last_request_are_not_attended():
+    """A captured draft extend runs its padded token count before the extend lengths are written: FA3 reads
+    only ``q[:cu_seqlens_q[-1]]`` and leaves zeros after; the stand-in neither indexes past its tensors
+    (a device-side assert under capture) nor lets the padding move a real row."""
+    g = torch.Generator().manual_seed(5)
+    kc, vc = torch.randn(6, 2, 1, 4, generator=g), torch.randn(6, 2, 1, 4, generator=g)
+    table, lens = torch.tensor([[1, 4], [2, 0]], dtype=torch.int32), torch.tensor([3, 2], dtype=torch.int32)
+    q = torch.randn(6, 1, 4, generator=g)  # 2 requests x 3 padded tokens; only 1 + 1 are real
+    cu = [0, 1, 2]
+    got = FA(q, kc, vc, page_table=table, cache_seqlens=lens, cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+             max_seqlen_q=3, causal=True)
+    want = by_hand(q[:2], kc, vc, table.tolist(), lens.tolist(), cu, True, (-1, -1), 0.0, 0.5)
+    assert torch.allclose(got[:2], want, atol=1e-5) and not got[2:].any()

@@ -173,9 +173,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     cu = cu_seqlens_q.long()
     t = torch.arange(T, device=q.device)
     bid = torch.searchsorted(cu[1:], t, right=True).clamp(max=B - 1)
-    row = t - cu[bid]
-    Q = torch.zeros(B, int(max_seqlen_q), H, D, dtype=torch.float32, device=q.device)
+    row, mq = t - cu[bid], int(max_seqlen_q)
+    # a token past cu_seqlens_q[-1] (a captured draft extend's padding, its extend lengths not yet written) or
+    # past max_seqlen_q belongs to no request: FA3's varlen kernel never reads it and writes zeros there; it
+    # lands in a spare column here, so that no index leaves the tensor under capture
+    real = (t < cu[B]) & (row < mq)
+    row = torch.where(real, row, mq)
+    Q = torch.zeros(B, mq + 1, H, D, dtype=torch.float32, device=q.device)
     Q[bid, row] = flat.float()
+    Q = Q[:, :mq]
+    row = row.clamp(max=max(mq - 1, 0))
     s = torch.einsum("bqhd,bkhd->bhqk", Q, K) * (softmax_scale or D ** -0.5)
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -193,7 +200,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     s = s.masked_fill(~ok[:, None], float("-inf"))
     lse = torch.logsumexp(s, -1)  # [B, H, q]; natural log, as FA3's
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # a query row with no key attends to nothing
-    o = torch.einsum("bhqk,bkhd->bqhd", p, V)[bid, row].to(q.dtype)  # [T, H, Dv]
+    o = (torch.einsum("bhqk,bkhd->bqhd", p, V)[bid, row] * real[:, None, None]).to(q.dtype)  # [T, H, Dv]
     if out is not None:
         out.copy_(o.view(out.shape))
         o = out
