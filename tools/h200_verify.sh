@@ -20,6 +20,9 @@
 #   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1), EAGLE topk 1
 #             and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
 #             timed at batches 1, 16 and 64 (median of 5 decodes of 128 tokens), about 6 each
+#   engineprofile  the same engines at batch 1 (plain and EAGLE topk 4), with the host time of the metadata,
+#             the runners' load_batch, graph launches, forwards and waits on the GPU counted
+#             (tests/gpu/engine_profile.py), about 4
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/attnmeta-verify}
@@ -106,8 +109,22 @@ for stage in "$@"; do
       python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
 for k, v in d.items():
     print(k, v.get('error', ''), {b: (t['tok_per_s'], t['step_ms'], t.get('round_ms')) for b, t in v.get('timed', {}).items()})" "$f" ;;
+    engineprofile)
+      # where the host time of a decode step and an EAGLE round goes (tests/gpu/engine_profile.py), batch 1,
+      # SGLang's own triton and attnmeta_triton, plain decode and EAGLE topk 4
+      export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+      export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
+      export ATTNMETA_ENGINE_BATCHES=${ATTNMETA_ENGINE_BATCHES:-1} ATTNMETA_ENGINE_REPS=5
+      export ATTNMETA_ENGINE_PROFILE="$OUT/eng/profile"
+      f="$OUT/engineprofile.json"
+      python3 tests/gpu/sglang_engine.py "$f" triton:1:4 attnmeta_triton:1:4 triton:1 attnmeta_triton:1 > "$f.log" 2>&1
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
+for k, v in d.items():
+    print(k, v.get('error', ''), {b: (t['step_ms'], t.get('round_ms'), t.get('rounds')) for b, t in v.get('timed', {}).items()})
+    for pid, p in v.get('profile', {}).items():
+        if p['after_mark']: print('   ', pid, p['after_mark'])" "$f" ;;
     *)
-      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla, enginetime-a or enginetime-b" >&2; exit 2 ;;
+      echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla, enginetime-a, enginetime-b or engineprofile" >&2; exit 2 ;;
   esac
   echo "== $stage done at $(since)"
 done

@@ -23,6 +23,11 @@ import traceback
 from attnmeta.integrations.sglang import register
 
 register()
+PROFILE = os.environ.get("ATTNMETA_ENGINE_PROFILE")  # a path prefix: engine_profile.py says what it records
+if PROFILE:
+    import engine_profile
+
+    engine_profile.install()
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
          "intermediate_size": 1024, "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -141,9 +146,14 @@ def run(config: str, root: str) -> dict:
         # warm (kernels compiled, graphs captured): a longer decode, timed; its tokens are compared too
         long = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG})
         t3 = time.time()
+        if PROFILE:
+            engine_profile.mark(PROFILE)
         timing = {str(b): timed(engine, b) for b in BATCHES}
+        if PROFILE:
+            engine_profile.unmark(PROFILE, engine)
     finally:
         engine.shutdown()
+    profile = {"profile": engine_profile.collect(PROFILE)} if PROFILE else {}
     # the logprobs say, where tokens differ, whether it was a near-tie (rounding) or a real difference
     return {"tokens": [o["output_ids"] for o in out], "start_s": round(t1 - t0, 1), "generate_s": round(t2 - t1, 2),
             "logprobs": [[round(float(lp[0]), 4) for lp in o["meta_info"].get("output_token_logprobs", [])]
@@ -152,7 +162,7 @@ def run(config: str, root: str) -> dict:
             "accepted": [o["meta_info"].get("spec_num_correct_drafts") for o in out],
             "verify_rounds": [o["meta_info"].get("spec_verify_ct") for o in out],
             "long_tokens": [o["output_ids"] for o in long], "long_s": round(t3 - t2, 3),
-            "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1), "timed": timing}
+            "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1), "timed": timing, **profile}
 
 
 def main(argv: list[str]) -> None:

@@ -31,6 +31,8 @@ from tests.integrations.sglang_server import (
     Server,
     decode,
     decode_view,
+    draft_decode,
+    draft_decode_view,
     draft_extend,
     draft_extend_view,
     verify,
@@ -92,12 +94,17 @@ def modes(s: Server) -> list[tuple]:
     if not s.speculative:
         return [("decode", s.backend, 1, lambda bs, fill: decode(s, [0] * bs, [fill] * bs),
                  lambda rows, seq, step: decode(s, rows, seq), lambda fb, bs, fill: decode_view(fb, bs, fill, 1))]
+    drafted = hasattr(s.draft_decode, "attnmeta")  # the kinds with no attnmeta drafter draft with SGLang's own
     return [("verify", s.backend, D, lambda bs, fill: verify(s, [0] * bs, [fill] * bs, random.Random(bs)),
              lambda rows, seq, step: verify(s, rows, seq, random.Random(step)),
              lambda fb, bs, fill: decode_view(fb, bs, fill, D)),
             ("extend", s.draft_extend, D, lambda bs, fill: draft_extend(s, [0] * bs, [1] * bs),
              lambda rows, seq, step: draft_extend(s, rows, seq),
-             lambda fb, bs, fill: draft_extend_view(fb, bs, fill, D))]
+             lambda fb, bs, fill: draft_extend_view(fb, bs, fill, D)),
+            # EAGLE's multi-step draft decode (EagleDraftCudaGraphRunner): every step of a round in one plan
+            ("draft", s.draft_decode, 1, lambda bs, fill: draft_decode(s, [0] * bs, [fill] * bs),
+             lambda rows, seq, step: draft_decode(s, rows, seq),
+             lambda fb, bs, fill: draft_decode_view(fb, bs, fill))][: 3 if drafted else 2]
 
 
 def test_a_replayed_step_dispatches_no_aten_op(case):
@@ -159,7 +166,7 @@ def test_a_bound_graph_launches_one_guard_beside_the_compiled_kernels(case):
             r.capture(lambda bs, r=r, make=capture: make(bs, r.fill), key)
         am = be.attnmeta
         for (k, bs), g in r.graphs.items():
-            mode = {"decode": ForwardMode.DECODE, "verify": ForwardMode.TARGET_VERIFY,
+            mode = {"decode": ForwardMode.DECODE, "draft": ForwardMode.DECODE, "verify": ForwardMode.TARGET_VERIFY,
                     "extend": ForwardMode.DRAFT_EXTEND}[k]
             plan = am.bound(mode, bs)
             assert plan.engine is not None, (name, k, bs)  # bound to SGLang's buffers

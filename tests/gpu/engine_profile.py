@@ -1,0 +1,147 @@
+"""Where an engine's host time goes, for ``tests/gpu/sglang_engine.py`` under ``ATTNMETA_ENGINE_PROFILE``.
+
+Installed in every process of SGLang's engine (its scheduler re-imports the engine script), this wraps, at
+class level, the calls a decode step or an EAGLE round spends host time in:
+
+- ``metadata``: every attention backend's ``init_forward_metadata_out_graph`` (SGLang's own and
+  attnmeta's; the outermost call only, so a subclass calling its parent counts once);
+- ``load_batch``: each graph runner's ``load_batch`` (the view, the inputs' copies, the metadata);
+- ``graph_replay``: ``torch.cuda.CUDAGraph.replay`` (the launch);
+- ``forward``: ``ModelRunner.forward`` (a whole forward of the target or the draft, eager or replayed);
+- ``sync``: ``torch.cuda.Stream.synchronize`` / ``Event.synchronize`` and ``Tensor.tolist`` / ``item``,
+  the host waiting for the GPU.
+
+Each call's duration is kept; the scheduler process writes the medians, totals and counts to
+``$ATTNMETA_ENGINE_PROFILE.<pid>.json`` every few hundred calls (SGLang kills its scheduler on shutdown, so
+there is no exit hook to wait for). ``after_mark`` counts only the calls made while the parent's marker file
+exists (``mark()`` ... ``unmark()`` around the timed decodes)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import threading
+import time
+
+_local = threading.local()
+_calls: dict[str, list[float]] = {}
+_after: dict[str, list[float]] = {}
+_state = {"n": 0, "marked": False, "checked": 0.0}
+
+
+def _path() -> str:
+    return f"{os.environ['ATTNMETA_ENGINE_PROFILE']}.{os.getpid()}.json"
+
+
+def _flush() -> None:
+    def summary(table):
+        return {k: {"n": len(v), "median_us": round(statistics.median(v) * 1e6, 1), "total_ms": round(sum(v) * 1e3, 2)}
+                for k, v in table.items() if v}
+    with open(_path(), "w") as f:
+        json.dump({"all": summary(_calls), "after_mark": summary(_after)}, f)
+
+
+def _record(key: str, dt: float) -> None:
+    now = time.perf_counter()
+    if now - _state["checked"] > 0.2:  # the parent's marker, looked at five times a second, not per call
+        _state["checked"] = now
+        marked = os.path.exists(os.environ["ATTNMETA_ENGINE_PROFILE"] + ".mark")
+        if _state["marked"] and not marked:
+            _flush()  # the timed decodes are over: what they spent is on disk before anything else runs
+        _state["marked"] = marked
+    _calls.setdefault(key, []).append(dt)
+    if _state["marked"]:
+        _after.setdefault(key, []).append(dt)
+    _state["n"] += 1
+    if _state["n"] % 500 == 0:
+        _flush()
+
+
+def _wrap(cls, name: str, key: str, outermost: bool = False, inherited: bool = False) -> None:
+    fn = getattr(cls, name, None) if inherited else cls.__dict__.get(name)
+    if fn is None or getattr(fn, "_profiled", False):
+        return
+
+    @functools.wraps(fn)
+    def timed(*a, **k):
+        if outermost and getattr(_local, key, False):
+            return fn(*a, **k)
+        setattr(_local, key, True)
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            _record(key, time.perf_counter() - t0)
+            setattr(_local, key, False)
+
+    timed._profiled = True
+    setattr(cls, name, timed)
+
+
+def _subclasses(cls):
+    seen, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        seen.append(c)
+        todo.extend(c.__subclasses__())
+    return seen
+
+
+def install() -> None:
+    """Wrap the calls above on every class loaded now. Called after the attention backends and graph
+    runners are imported (``sglang.srt.model_executor.model_runner`` imports the runners; attnmeta's
+    registration imports its kinds' classes lazily, so this also runs from ``ModelRunner.__init__``)."""
+    import torch
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.model_executor import model_runner
+    from sglang.srt.model_executor.runner.base_runner import BaseRunner
+
+    for c in _subclasses(AttentionBackend):
+        for k in c.__mro__:  # attnmeta's classes take the method from a mixin (CompiledModes) before SGLang's class
+            _wrap(k, "init_forward_metadata_out_graph", "metadata", outermost=True)
+    for c in _subclasses(BaseRunner):
+        _wrap(c, "load_batch", "load_batch", outermost=True)
+    _wrap(torch.cuda.CUDAGraph, "replay", "graph_replay")
+    _wrap(torch.cuda.Stream, "synchronize", "sync")
+    _wrap(torch.cuda.Event, "synchronize", "sync")
+    for name in ("tolist", "item", "cpu"):  # C methods of the tensor base: a device tensor's waits for the GPU
+        _wrap(torch.Tensor, name, "sync", outermost=True, inherited=True)
+    mr = model_runner.ModelRunner
+    _wrap(mr, "forward", "forward", outermost=True)
+    init = mr.__dict__["__init__"]
+    if not getattr(init, "_profiled", False):
+        @functools.wraps(init)
+        def init_then_wrap(self, *a, **k):
+            init(self, *a, **k)
+            install()  # the backend classes this runner imported on its way up
+        init_then_wrap._profiled = True
+        mr.__init__ = init_then_wrap
+
+
+def mark(prefix: str) -> None:
+    """The parent's side: from now on the scheduler also counts calls in ``after_mark``."""
+    open(prefix + ".mark", "w").close()
+
+
+def unmark(prefix: str, engine) -> None:
+    """The parent's side: stop counting, and make the scheduler write what it counted (its next call
+    after it saw the marker gone flushes; a one-token request makes that call)."""
+    os.remove(prefix + ".mark")
+    time.sleep(0.5)
+    engine.generate(input_ids=[[1, 2, 3]], sampling_params={"temperature": 0.0, "max_new_tokens": 1})
+
+
+def collect(prefix: str) -> dict:
+    """The parent's side: the profiles the engine's processes wrote (those that made any call), by pid, and
+    remove them and the marker so the next engine starts clean."""
+    folder, base = os.path.split(prefix)
+    out = {}
+    for f in sorted(os.listdir(folder or ".")):
+        if f.startswith(base + ".") and f.endswith(".json"):
+            p = os.path.join(folder, f)
+            with open(p) as fh:
+                out[f[len(base) + 1:-5]] = json.load(fh)
+            os.remove(p)
+    return out
