@@ -17,8 +17,8 @@
 #             own triton and flashinfer at pages 1 and 16, TRT-LLM MHA at 16 and fa3 at 1 and 16, every step compared,
 #             about 5
 #   replaymla the same for FlashInfer MLA (its partition planned on the GPU) and FlashMLA, about 2
-#   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1), EAGLE topk 1
-#             and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
+#   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1, or the kind
+#             ATTNMETA_ENGINETIME_KIND names: flashinfer, fa3), EAGLE topk 1 and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
 #             timed at batches 1, 16 and 64 (median of 5 decodes of 128 tokens), about 6 each
 #   engineprofile  the same engines at batch 1 (plain and EAGLE topk 4), with the host time of the metadata,
 #             the runners' load_batch, graph launches, forwards and waits on the GPU counted
@@ -97,13 +97,15 @@ for stage in "$@"; do
       export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
       export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
       export ATTNMETA_ENGINE_BATCHES=1,16,64 ATTNMETA_ENGINE_REPS=5
-      pairs="triton:1,attnmeta_triton:1 triton:1:1,attnmeta_triton:1:1 triton:1:4,attnmeta_triton:1:4"
+      k=${ATTNMETA_ENGINETIME_KIND:-triton}  # or flashinfer, fa3 (fa3: plain and topk 1)
+      pairs="$k:1,attnmeta_$k:1 $k:1:1,attnmeta_$k:1:1"
+      [ "$k" = fa3 ] || pairs="$pairs $k:1:4,attnmeta_$k:1:4"
       order=""
       for p in $pairs; do
         a=${p%,*}; b=${p#*,}
         if [ "$stage" = enginetime-a ]; then order="$order $a $b"; else order="$order $b $a"; fi
       done
-      f="$OUT/$stage.json"
+      f="$OUT/$stage-$k.json"
       # shellcheck disable=SC2086
       python3 tests/gpu/sglang_engine.py "$f" $order > "$f.log" 2>&1
       python3 -c "import json,sys; d=json.load(open(sys.argv[1]))

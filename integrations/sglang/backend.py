@@ -188,6 +188,11 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
                                                workspace=self.workspace_buffer,
                                                use_tensor_cores=self.decode_use_tensor_cores, planner=planner)
 
+    def _reads_host_lengths(self) -> bool:
+        # with the partition planned on the GPU a replayed step reads the device lengths alone (an eager step
+        # without host lengths copies them back); FlashInfer's host planner plans from them every step
+        return not self.attnmeta.compiled.options.backend.plan_on_device
+
     def unserved(self) -> list[str]:
         checks = ((self.num_wrappers != 1, "sliding-window or cross attention (two wrappers)"),
                   (self.is_dllm_model, "diffusion LLM decoding"),

@@ -109,6 +109,9 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
                                                kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,
                                                use_tensor_cores=c.decode_use_tensor_cores, planner=planner)
 
+    def _reads_host_lengths(self) -> bool:
+        return not self.attnmeta.compiled.options.backend.plan_on_device  # as FlashInferBackend's
+
     def _step_shape(self, m, s: int):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata
 

@@ -91,8 +91,29 @@ class CompiledModes:
         # (SGLang's mode, bs) -> a captured graph's replay on SGLang's own buffers: (check, plan, mode, shaped)
         self._replays: dict[tuple, tuple] = {}
         self._too_big_logged = False
+        # SGLang's scheduler, under spec v2's overlap, copies each round's lengths to the host and waits for the
+        # round before to publish them, unless every backend of the round declares it reads none
+        # (SGLang's decide_needs_cpu_seq_lens): a kind whose steps read none says so; only ever turned off
+        self._sglang_reads_host_lengths = getattr(self, "needs_cpu_seq_lens", True)
+        if self._sglang_reads_host_lengths and not self._reads_host_lengths():
+            self.needs_cpu_seq_lens = False
 
-    sglang_name = ""  # SGLang's own --attention-backend name of this kind
+    sglang_name = ""
+
+    def _reads_host_lengths(self) -> bool:
+        """Whether a batch attnmeta serves needs ``seq_lens_cpu`` (else SGLang's scheduler may hand it none, and a
+        batch that goes to SGLang's own code gets them from ``_host_lengths``). Kept as SGLang's class says
+        unless the kind knows better."""
+        return True
+
+    def _host_lengths(self, fb, in_capture: bool = False):
+        """A batch going to SGLang's own code, which reads the host lengths this backend told the scheduler it
+        needs none of: copied back here (a rare step: larger than compiled, or a mode attnmeta does not serve)."""
+        if self._sglang_reads_host_lengths and not in_capture and getattr(fb, "seq_lens_cpu", 0) is None \
+                and getattr(fb, "seq_lens", None) is not None:
+            fb.seq_lens_cpu = fb.seq_lens.cpu()
+            fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
+        return fb  # SGLang's own --attention-backend name of this kind
 
     def unserved(self) -> list[str]:
         """What of this SGLang backend's configuration the spec does not plan (each by name)."""
@@ -130,7 +151,7 @@ class CompiledModes:
     def init_forward_metadata(self, forward_batch) -> None:
         if not self._serves(forward_batch):
             self._ours = None
-            return super().init_forward_metadata(forward_batch)
+            return super().init_forward_metadata(self._host_lengths(forward_batch))
         self.init_forward_metadata_out_graph(forward_batch)
         self.init_forward_metadata_in_graph(forward_batch)
 
@@ -141,7 +162,7 @@ class CompiledModes:
                 return
         if not self._serves(forward_batch):
             self._ours = None
-            return super().init_forward_metadata_out_graph(forward_batch, in_capture)
+            return super().init_forward_metadata_out_graph(self._host_lengths(forward_batch, in_capture), in_capture)
         v = self._view.fill(forward_batch)
         self._before_staging(v, in_capture)
         self.attnmeta.init_forward_metadata_out_graph(v, in_capture)

@@ -32,6 +32,7 @@ from tests.integrations.sglang_server import (
     draft_decode_view,
     draft_extend,
     verify,
+    without_host_lengths,
 )
 from tests.integrations.test_sglang_serving import lens, same
 
@@ -78,13 +79,16 @@ def test_every_step_reads_sglangs_index_stream(server):
         for step in range(12):
             n = rng.randint(1, max(s.sizes))
             rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - D)
+            # a third of the steps without host lengths, as SGLang's scheduler hands them to a backend that
+            # declares needs_cpu_seq_lens = False (attnmeta_flashinfer, its partition planned on the GPU)
+            bare = (lambda fb: without_host_lengths(fb)) if step % 3 == 1 else (lambda fb: fb)
             with s.active():
                 replayed = step % 2 == 0
                 fb = decode(s, rows, seq)
                 if replayed:
-                    run.replay(fb, "decode", decode_view(fb, run.bucket(n), run.fill, 1))
+                    run.replay(fb, "decode", bare(decode_view(fb, run.bucket(n), run.fill, 1)))
                 else:
-                    s.backend.init_forward_metadata(fb)
+                    s.backend.init_forward_metadata(bare(fb))
                 tri.init_forward_metadata(decode(s, rows, seq))
                 m = s.backend.attnmeta.forward_metadata
                 assert s.backend.forward_metadata.decode_wrappers == [m.plan]
@@ -93,7 +97,7 @@ def test_every_step_reads_sglangs_index_stream(server):
                 if not s.speculative:
                     continue
                 fb = verify(s, rows, seq, random.Random(step))  # keys: the prefix and the D drafts
-                s.backend.init_forward_metadata(fb)
+                s.backend.init_forward_metadata(bare(fb))
                 tri.init_forward_metadata(decode(s, rows, [x + D for x in seq]))
                 m = s.backend.attnmeta.forward_metadata
                 same(m, tri.forward_metadata, STREAM, n, f"verify {step}")
@@ -101,7 +105,7 @@ def test_every_step_reads_sglangs_index_stream(server):
                 k = fb.spec_info.custom_mask.numel()
                 assert torch.equal(m.custom_mask[:k].bool(), fb.spec_info.custom_mask)
                 fb = draft_extend(s, rows, seq)  # keys: the whole sequence, the D slots included
-                s.draft_extend.init_forward_metadata(fb)
+                s.draft_extend.init_forward_metadata(bare(fb))
                 tri.init_forward_metadata(decode(s, rows, [x + D for x in seq]))
                 same(s.draft_extend.attnmeta.forward_metadata, tri.forward_metadata, STREAM, n, f"extend {step}")
 
@@ -125,10 +129,11 @@ def test_draft_steps_read_sglangs_draft_stream(server):
             with s.active():
                 for r in (mine, own):
                     fb = draft_decode(s, rows, seq)
+                    bare = without_host_lengths if r is mine and step % 3 == 1 else (lambda fb: fb)
                     if step % 2:
-                        r.backend.init_forward_metadata(fb)
+                        r.backend.init_forward_metadata(bare(fb))
                     else:
-                        r.replay(fb, "draft", draft_decode_view(fb, r.bucket(n), r.fill))
+                        r.replay(fb, "draft", bare(draft_decode_view(fb, r.bucket(n), r.fill)))
             m = s.draft_decode.attnmeta.forward_metadata
             for i, child in enumerate(own_dd.attn_backends):
                 want = child.forward_metadata if step % 2 else type(child.forward_metadata)(**{
@@ -138,3 +143,29 @@ def test_draft_steps_read_sglangs_draft_stream(server):
                                      "kv_indices": getattr(m, f"step{i}_kv_indices")})
                 same(got, want, STREAM, n * K, f"draft {step} step {i}")
                 assert s.draft_decode.attn_backends[i].forward_metadata.decode_wrappers == [getattr(m, f"step{i}_plan")]
+
+
+def test_the_scheduler_need_not_copy_the_lengths_back(server):
+    """attnmeta_flashinfer plans FlashInfer's partition on the GPU, so no step it serves reads the host lengths:
+    it says so (``needs_cpu_seq_lens``), and SGLang's scheduler, asking every backend of a round, then skips
+    the per-round copy of the lengths to the host and its wait for the round before (SGLang's own FlashInfer
+    backend keeps it). A batch that still goes to SGLang's own code (here a decode batch on the draft-extend
+    backend, which compiled draft extend alone) reaches it with them copied back by the backend (SGLang's
+    eager FlashInfer path is recorded, not run: the stand-in's eager wrappers plan nothing)."""
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
+
+    s = server
+    round_ = [b for b in (s.backend, s.draft_decode, s.draft_extend) if b is not None]
+    with s.active():
+        assert FlashInferAttnBackend.needs_cpu_seq_lens and decide_needs_cpu_seq_lens(round_) is False
+    if not s.speculative:
+        return
+    rows, seq, handed = [3, 5, 9], [7, 40, 12], []
+    with pytest.MonkeyPatch.context() as mp:
+        fake_flashinfer.into_sglang(mp)
+        mp.setattr(FlashInferAttnBackend, "init_forward_metadata",
+                   lambda self, fb: handed.append((fb.seq_lens_cpu.tolist(), fb.seq_lens_sum)))
+        with s.active():
+            s.draft_extend.init_forward_metadata(without_host_lengths(decode(s, rows, seq)))
+    assert s.draft_extend._ours is None and handed == [(seq, sum(seq))]  # SGLang's own code, with host lengths
