@@ -20,7 +20,7 @@
 #   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1, or the kind
 #             ATTNMETA_ENGINETIME_KIND names: flashinfer, fa3), EAGLE topk 1 and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
 #             timed at batches 1, 16 and 64 (median of 5 decodes of 128 tokens), about 6 each
-#   engineprofile  the same engines at batch 1 (plain and EAGLE topk 4), with the host time of the metadata,
+#   engineprofile  the same engines at batch 1 (plain and EAGLE topk 4; the kind as enginetime's), with the host time of the metadata,
 #             the runners' load_batch, graph launches, forwards and waits on the GPU counted
 #             (tests/gpu/engine_profile.py), about 4
 set -uo pipefail
@@ -119,7 +119,8 @@ for k, v in d.items():
       export ATTNMETA_ENGINE_BATCHES=${ATTNMETA_ENGINE_BATCHES:-1} ATTNMETA_ENGINE_REPS=5
       export ATTNMETA_ENGINE_PROFILE="$OUT/eng/profile"
       f="$OUT/engineprofile.json"
-      python3 tests/gpu/sglang_engine.py "$f" triton:1:4 attnmeta_triton:1:4 triton:1 attnmeta_triton:1 > "$f.log" 2>&1
+      k=${ATTNMETA_ENGINETIME_KIND:-triton}
+      python3 tests/gpu/sglang_engine.py "$f" "$k:1:4" "attnmeta_$k:1:4" "$k:1" "attnmeta_$k:1" > "$f.log" 2>&1
       python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
 for k, v in d.items():
     print(k, v.get('error', ''), {b: (t['step_ms'], t.get('round_ms'), t.get('rounds')) for b, t in v.get('timed', {}).items()})
