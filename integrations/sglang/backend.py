@@ -90,6 +90,13 @@ def device_planned(planner: str) -> bool:
     return _version(_flashinfer()) in DEVICE_PLAN_VERSIONS
 
 
+def host_planned(backend) -> bool:
+    """A FlashInfer kind's ``_reads_host_lengths``: with the partition planned on the GPU a replayed step reads
+    the device lengths alone (an eager step without host lengths copies them back); FlashInfer's host
+    planner plans from them every step."""
+    return not backend.attnmeta.compiled.options.backend.plan_on_device
+
+
 def split_scratch(b, rows: int, made: dict) -> tuple:
     """SGLang Triton backend ``b``'s split-KV logits, LSE and lean buffers for up to ``rows`` decode
     rows: its CUDA-graph buffers once it has made them (``init_cuda_graph_state``), else ones made here
@@ -188,10 +195,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
                                                workspace=self.workspace_buffer,
                                                use_tensor_cores=self.decode_use_tensor_cores, planner=planner)
 
-    def _reads_host_lengths(self) -> bool:
-        # with the partition planned on the GPU a replayed step reads the device lengths alone (an eager step
-        # without host lengths copies them back); FlashInfer's host planner plans from them every step
-        return not self.attnmeta.compiled.options.backend.plan_on_device
+    _reads_host_lengths = host_planned
 
     def unserved(self) -> list[str]:
         checks = ((self.num_wrappers != 1, "sliding-window or cross attention (two wrappers)"),

@@ -21,7 +21,7 @@ from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.compiler.ir.errors import OptionsError
 
-from .backend import device_planned, split_scratch
+from .backend import device_planned, host_planned, split_scratch
 from .kinds import KINDS, sglang
 from .options import rank_heads, resolved_options
 from .served import CompiledModes
@@ -109,8 +109,7 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
                                                kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,
                                                use_tensor_cores=c.decode_use_tensor_cores, planner=planner)
 
-    def _reads_host_lengths(self) -> bool:
-        return not self.attnmeta.compiled.options.backend.plan_on_device  # as FlashInferBackend's
+    _reads_host_lengths = host_planned
 
     def _step_shape(self, m, s: int):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata

@@ -88,17 +88,17 @@ class CompiledModes:
         self._view = BatchView(wanted.num_draft_tokens)  # draft extend: how many query rows a request has
         self._ours = None  # the batch whose metadata attnmeta staged last (in_graph must follow it)
         self._shaped: dict[tuple, tuple] = {}  # (mode, bs) -> (bound fields, SGLang's metadata object)
-        # (SGLang's mode, bs) -> a captured graph's replay on SGLang's own buffers: (check, plan, mode, shaped)
-        self._replays: dict[tuple, tuple] = {}
+        # (SGLang's mode, bs) -> a captured graph's replay on SGLang's own buffers: the function generated at capture
+        self._replays: dict[tuple, object] = {}
         self._too_big_logged = False
         # SGLang's scheduler, under spec v2's overlap, copies each round's lengths to the host and waits for the
         # round before to publish them, unless every backend of the round declares it reads none
         # (SGLang's decide_needs_cpu_seq_lens): a kind whose steps read none says so; only ever turned off
-        self._sglang_reads_host_lengths = getattr(self, "needs_cpu_seq_lens", True)
-        if self._sglang_reads_host_lengths and not self._reads_host_lengths():
+        self._said_no_host_lengths = getattr(self, "needs_cpu_seq_lens", True) and not self._reads_host_lengths()
+        if self._said_no_host_lengths:
             self.needs_cpu_seq_lens = False
 
-    sglang_name = ""
+    sglang_name = ""  # SGLang's own --attention-backend name of this kind
 
     def _reads_host_lengths(self) -> bool:
         """Whether a batch attnmeta serves needs ``seq_lens_cpu`` (else SGLang's scheduler may hand it none, and a
@@ -109,11 +109,11 @@ class CompiledModes:
     def _host_lengths(self, fb, in_capture: bool = False):
         """A batch going to SGLang's own code, which reads the host lengths this backend told the scheduler it
         needs none of: copied back here (a rare step: larger than compiled, or a mode attnmeta does not serve)."""
-        if self._sglang_reads_host_lengths and not in_capture and getattr(fb, "seq_lens_cpu", 0) is None \
+        if self._said_no_host_lengths and not in_capture and getattr(fb, "seq_lens_cpu", 0) is None \
                 and getattr(fb, "seq_lens", None) is not None:
             fb.seq_lens_cpu = fb.seq_lens.cpu()
             fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
-        return fb  # SGLang's own --attention-backend name of this kind
+        return fb
 
     def unserved(self) -> list[str]:
         """What of this SGLang backend's configuration the spec does not plan (each by name)."""
