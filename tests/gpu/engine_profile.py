@@ -8,8 +8,8 @@ class level, the calls a decode step or an EAGLE round spends host time in:
 - ``load_batch``: each graph runner's ``load_batch`` (the view, the inputs' copies, the metadata);
 - ``graph_replay``: ``torch.cuda.CUDAGraph.replay`` (the launch);
 - ``forward``: ``ModelRunner.forward`` (a whole forward of the target or the draft, eager or replayed);
-- ``sync``: ``torch.cuda.Stream.synchronize`` / ``Event.synchronize`` and ``Tensor.tolist`` / ``item``,
-  the host waiting for the GPU.
+- ``sync``: ``torch.cuda.Stream.synchronize`` / ``Event.synchronize`` and a device tensor's ``tolist`` /
+  ``item`` / ``cpu``, the host waiting for the GPU.
 
 Each call's duration is kept; the scheduler process writes the medians, totals and counts to
 ``$ATTNMETA_ENGINE_PROFILE.<pid>.json`` every few hundred calls (SGLang kills its scheduler on shutdown, so
@@ -59,14 +59,14 @@ def _record(key: str, dt: float) -> None:
         _flush()
 
 
-def _wrap(cls, name: str, key: str, outermost: bool = False, inherited: bool = False) -> None:
+def _wrap(cls, name: str, key: str, outermost: bool = False, inherited: bool = False, when=None) -> None:
     fn = getattr(cls, name, None) if inherited else cls.__dict__.get(name)
     if fn is None or getattr(fn, "_profiled", False):
         return
 
     @functools.wraps(fn)
     def timed(*a, **k):
-        if outermost and getattr(_local, key, False):
+        if (outermost and getattr(_local, key, False)) or (when is not None and not when(a[0])):
             return fn(*a, **k)
         setattr(_local, key, True)
         t0 = time.perf_counter()
@@ -107,7 +107,8 @@ def install() -> None:
     _wrap(torch.cuda.Stream, "synchronize", "sync")
     _wrap(torch.cuda.Event, "synchronize", "sync")
     for name in ("tolist", "item", "cpu"):  # C methods of the tensor base: a device tensor's waits for the GPU
-        _wrap(torch.Tensor, name, "sync", outermost=True, inherited=True)
+        # (a host tensor's call waits for nothing: not counted, else host bookkeeping reads as syncs)
+        _wrap(torch.Tensor, name, "sync", outermost=True, inherited=True, when=lambda t: t.is_cuda)
     mr = model_runner.ModelRunner
     _wrap(mr, "forward", "forward", outermost=True)
     init = mr.__dict__["__init__"]

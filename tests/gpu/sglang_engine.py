@@ -168,14 +168,18 @@ def run(config: str, root: str) -> dict:
 def main(argv: list[str]) -> None:
     path, configs = argv[0], argv[1:]
     results = json.load(open(path)) if os.path.exists(path) else {}
+    seen: dict[str, int] = {}
     for c in configs:
+        # an engine named twice in one run (a warm-up, or A-B-A) keeps every result: "name", "name#2", ...
+        seen[c] = seen.get(c, 0) + 1
+        key = c if seen[c] == 1 else f"{c}#{seen[c]}"
         try:
-            results[c] = run(c, os.path.join(os.path.dirname(os.path.abspath(path)), "models"))
+            results[key] = run(c, os.path.join(os.path.dirname(os.path.abspath(path)), "models"))
         except Exception as e:  # noqa: BLE001 - recorded for the test to report, with the traceback
-            results[c] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+            results[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
         with open(path, "w") as f:
             json.dump(results, f)
-        print(c, {k: v for k, v in results[c].items() if k != "traceback"}, flush=True)
+        print(key, {k: v for k, v in results[key].items() if k != "traceback"}, flush=True)
 
 
 if __name__ == "__main__":
