@@ -187,6 +187,12 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if options.backend is not None and not (spec.options_type and isinstance(options.backend, spec.options_type)):
         takes = f"takes {spec.options_type.__name__}" if spec.options_type else "has no options of its own"
         raise OptionsError(f"backend {spec.name!r} {takes}, got backend={options.backend!r}")
+    for m in options.modes:  # columns a mode reads past each sequence: the context must leave room for one token
+        room = spec.headroom(m, options)
+        if options.max_context_len - room < 1:
+            raise OptionsError(f"backend {spec.name!r} in {m.name.lower()} reads {room} request-table columns past "
+                               f"each sequence, which max_context_len={options.max_context_len} leaves no room for; "
+                               f"raise max_context_len above {room} (--context-length)")
     check_disabled(options)
     check_dump_sizes(options)
     timing = Timing()

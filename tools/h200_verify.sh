@@ -97,9 +97,8 @@ for stage in "$@"; do
       export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
       export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
       export ATTNMETA_ENGINE_BATCHES=1,16,64 ATTNMETA_ENGINE_REPS=5
-      k=${ATTNMETA_ENGINETIME_KIND:-triton}  # or flashinfer, fa3 (fa3: plain and topk 1)
-      pairs="$k:1,attnmeta_$k:1 $k:1:1,attnmeta_$k:1:1"
-      [ "$k" = fa3 ] || pairs="$pairs $k:1:4,attnmeta_$k:1:4"
+      k=${ATTNMETA_ENGINETIME_KIND:-triton}  # or flashinfer, fa3
+      pairs="$k:1,attnmeta_$k:1 $k:1:1,attnmeta_$k:1:1 $k:1:4,attnmeta_$k:1:4"
       order=""
       for p in $pairs; do
         a=${p%,*}; b=${p#*,}

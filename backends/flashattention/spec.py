@@ -13,6 +13,8 @@ from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 from attnmeta.runtime.metadata import step_prefix
 
 from ..common import decode_inputs, extend_lens, verify_headroom
+from ..multistep import headroom as branch_headroom
+from .tree import tree_draft, tree_verify
 
 I32, I64 = DType.int32, DType.int64
 
@@ -31,6 +33,8 @@ def build_trtllm_mha(mode: ForwardMode, options: CompileOptions) -> Graph:
 def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend: bool) -> Graph:
     b = SpecBuilder(f"{name}.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
+    if mode.is_target_verify() and options.topk > 1 and not strided_extend:
+        return tree_verify(b, options, seq_lens, rpi, req_to_token)
     T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
     ext = extend_lens(b) if mode.is_draft_extend() and not strided_extend else None
     with b.in_graph():
@@ -66,6 +70,8 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
     i + 1 tokens drafted so far. All steps' metadata is built in one graph before the drafter's
     steps run; page tables keep the static width W with row guards."""
     b = SpecBuilder(f"flashattention_draft.{mode.name.lower()}")
+    if options.topk > 1:
+        return tree_draft(b, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, options.num_steps)
     out = {}
     with b.in_graph():
@@ -82,5 +88,7 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
 
 
 DRAFT_SPEC = BackendSpec("flashattention_draft", build_draft, (ForwardMode.DECODE,),
-                         doc="FlashAttention draft decode: every step's metadata, S steps, topk 1",
-                         headroom=lambda mode, options: options.num_steps)
+                         doc="FlashAttention draft decode: every step's metadata, S steps (topk > 1: each branch's "
+                             "drafts in a second attention)",
+                         headroom=lambda mode, options: options.num_steps if options.topk <= 1 else
+                         branch_headroom(mode, options))

@@ -16,9 +16,13 @@ class InterpError(UserError):
     rule = "interp"
 
 
-def eval_graph(g: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
-    """Run ``g`` on ``inputs`` (name -> tensor); returns output field -> value."""
+def eval_graph(g: Graph, inputs: dict[str, torch.Tensor],
+               written: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor | None]:
+    """Run ``g`` on ``inputs`` (name -> tensor); returns output field -> value. ``written``: constant buffers
+    something outside the graph writes before a step (the tree mask a drafter writes into a verify plan's
+    ``custom_mask``), by node name, in place of the constant's initial value."""
     env: dict[str, torch.Tensor | None] = {}
+    written = written or {}
     for i in g.inputs:
         if i.name not in inputs:
             raise InterpError(f"graph {g.name!r} needs input %{i.name} ({i.type})")
@@ -28,7 +32,7 @@ def eval_graph(g: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         args = [env[x] for x in n.inputs]
         if n.op is Op.host_call:
             calls.append((n.a["target"], args))
-        env[n.name] = OPS[n.op].ref(args, n.a)
+        env[n.name] = written[n.name].cpu() if n.name in written and n.op is Op.full else OPS[n.op].ref(args, n.a)
     out = {o.field: env[o.value] for o in g.outputs}
     return out
 

@@ -158,6 +158,33 @@ def mask_in_place(v, vm) -> tuple | None:
     return None if vm is None else (("v.spec_info.custom_mask", vm.buffer.data_ptr()),)
 
 
+def own_verify_mask(backend):
+    """SGLang's ``VerifyMask`` over the verify plans' ``custom_mask`` field, for a backend whose compiled verify
+    reads the tree mask: SGLang's EAGLE worker then writes the mask straight into the buffer the compiled graph
+    reads (SGLang's own FlashInfer backend has none, so its worker allocates a mask each round and the backend
+    copies it; its own FA3 gathers from a buffer of its own). None where this backend verifies nothing."""
+    from attnmeta.compiler.modes import ForwardMode
+
+    verifies = ForwardMode.TARGET_VERIFY in backend.attnmeta.compiled.generic
+    if getattr(backend, "is_draft_runner", False) or backend.skip_prefill or not verifies:
+        return None
+    from sglang.srt.layers.attention.verify_mask import VerifyMask
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+    n = backend.attnmeta.max_bs
+    buf = backend.attnmeta.bound(ForwardMode.TARGET_VERIFY, n).field("custom_mask")
+    return VerifyMask(buffer=buf.view(-1), mode=TreeMaskMode.FULL_MASK, max_bs=n, is_read=True)
+
+
+def mask_into_plan(backend, v, in_capture: bool) -> None:
+    """A verify step's tree mask into the plan's ``custom_mask`` field, which the step reads (a planner, or the
+    recorded kernel); nothing to copy where the drafter wrote it there in place."""
+    if v.forward_mode.is_target_verify():
+        src = checked_mask(v, backend.attnmeta.compiled.options.num_draft_tokens, in_capture)
+        if src is not None:
+            copy_mask(src, backend.attnmeta.bound(v.forward_mode, v.batch_size).field("custom_mask"))
+
+
 def copy_mask(src, buf):
     """The drafter's mask into the static buffer a captured kernel (or a planner) reads, as SGLang copies
     it into its own; nothing to copy where the drafter wrote the buffer in place."""
@@ -208,23 +235,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
         super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-        self._verify_mask = self._own_verify_mask()
-
-    def _own_verify_mask(self):
-        """SGLang's ``VerifyMask`` over the verify plans' mask field: SGLang's EAGLE worker then writes the tree
-        mask straight into the buffer the compiled graph reads (SGLang's own FlashInfer backend has none, so
-        its worker allocates a mask each round and the backend copies it)."""
-        from attnmeta.compiler.modes import ForwardMode
-
-        verifies = ForwardMode.TARGET_VERIFY in self.attnmeta.compiled.generic
-        if getattr(self, "is_draft_runner", False) or self.skip_prefill or not verifies:
-            return None
-        from sglang.srt.layers.attention.verify_mask import VerifyMask
-        from sglang.srt.speculative.eagle_utils import TreeMaskMode
-
-        n = self.attnmeta.max_bs
-        buf = self.attnmeta.bound(ForwardMode.TARGET_VERIFY, n).field("custom_mask")
-        return VerifyMask(buffer=buf.view(-1), mode=TreeMaskMode.FULL_MASK, max_bs=n, is_read=True)
+        self._verify_mask = own_verify_mask(self)
 
     @property
     def verify_mask(self):
@@ -234,10 +245,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         return mask_in_place(v, self.verify_mask)
 
     def _before_staging(self, v, in_capture: bool) -> None:
-        if v.forward_mode.is_target_verify():  # FlashInfer's plan() (and the device packer) read the bound mask
-            src = checked_mask(v, self.attnmeta.compiled.options.num_draft_tokens, in_capture)
-            if src is not None:  # the spec's verify mask field, which its planner binds as custom_mask
-                copy_mask(src, self.attnmeta.bound(v.forward_mode, v.batch_size).field("custom_mask"))
+        mask_into_plan(self, v, in_capture)  # FlashInfer's plan() (and the device packer) read the bound mask
 
     def _shape(self, m, v):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata, PrefillMetadata
@@ -247,6 +255,5 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         return PrefillMetadata(prefill_wrappers=[m.plan], use_ragged=False, extend_no_prefix=False)
 
 
-__all__ = ["CAPTURED", "FlashInferBackend", "TritonBackend", "device_planned", "resolved_options",
-           "split_scratch",
-           "verify_mask"]
+__all__ = ["CAPTURED", "FlashInferBackend", "TritonBackend", "device_planned", "mask_in_place", "mask_into_plan",
+           "own_verify_mask", "resolved_options", "split_scratch", "verify_mask"]

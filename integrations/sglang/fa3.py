@@ -6,11 +6,16 @@ from the model runner); ``CompiledModes`` routes decode, idle, target verify and
 the compiled ``flashattention`` spec (one fused kernel per step: key lengths, query and key indptrs,
 the page table at its static width) and everything else to SGLang's own code. ``FA3DraftBackend`` is
 SGLang's ``FlashAttentionMultiStepBackend`` with every draft step's metadata compiled into one kernel
-(``flashattention_draft``; EAGLE topk 1).
+(``flashattention_draft``; with topk > 1 the prefix's and every step's branches' metadata).
 
-What it does not serve yet is refused at start with the reason (``unserved``): EAGLE with topk > 1
-(FA3's tree-mask and expand metadata), sliding-window and chunked local attention, MLA on FA3, the FA4
-kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
+EAGLE with topk > 1 verifies a tree in two attentions merged by their LSE: the prefix (decode's metadata over
+the cached keys) and the drafts each query's tree-mask row shows (``forward_metadata_spec_decode_expand``).
+The compiled verify reads the tree mask from its ``custom_mask`` field, which SGLang's EAGLE worker writes in
+place (the backend's ``verify_mask``), and builds the expansion in the recorded kernel.
+
+What it does not serve yet is refused at start with the reason (``unserved``): sliding-window and chunked local
+attention, MLA on FA3, the FA4 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder
+models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
 "schedule inside the kernel": SGLang computes it once at capture, from the capture batch, and reuses it
@@ -19,8 +24,7 @@ on every replay of that graph.
 
 from __future__ import annotations
 
-from attnmeta.compiler.ir.errors import OptionsError
-
+from .backend import mask_in_place, mask_into_plan, own_verify_mask
 from .draft import _Drafter, _step
 from .kinds import sglang
 from .options import rank_heads, resolved_options
@@ -33,9 +37,8 @@ _SGLangFA3, _SGLangFA3Draft = sglang("sglang.srt.layers.attention.flashattention
 
 
 class FA3Backend(CompiledModes, _SGLangFA3):
-    """SGLang's FlashAttention-3 backend; its decode, idle, target verify (topk 1) and draft extend V2
-    metadata compiled into one recorded kernel instead of SGLang's per-step rebuild on the host and
-    device."""
+    """SGLang's FlashAttention-3 backend; its decode, idle, target verify (any topk) and draft extend V2
+    metadata compiled into recorded kernels instead of SGLang's per-step rebuild on the host and device."""
 
     spec_name, sglang_name = "flashattention", "fa3"
 
@@ -53,7 +56,6 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         gpu = f"a GPU of compute capability {major}.x" if major else "a machine without a CUDA GPU"
         checks = ((major not in (8, 9), f"{gpu} (FlashAttention-3 runs on compute capability 8.x and 9.x, as SGLang's "
                                         "own fa3 requires; attnmeta_flashinfer and attnmeta_triton run elsewhere)"),
-                  (self.topk > 1, "EAGLE with topk > 1 (FA3's tree-mask and expand metadata)"),
                   (self.has_swa or self.use_sliding_window_kv_pool, "sliding-window attention"),
                   (self.local_attn_builder is not None, "chunked local attention"),
                   (self.use_mla, "MLA models on FlashAttention"),
@@ -63,37 +65,74 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                   (self.is_encoder_decoder, "encoder-decoder models"))
         return [name for bad, name in checks if bad]
 
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        if self._tree():  # the worker writes the tree mask where the compiled verify reads it
+            self._verify_mask = own_verify_mask(self)
+
+    def _tree(self) -> bool:
+        return self.topk > 1 and not self.is_draft_runner
+
+    def _replay_requires(self, v):
+        return mask_in_place(v, self.verify_mask) if self._tree() else ()
+
+    def _before_staging(self, v, in_capture: bool) -> None:
+        if self._tree():
+            mask_into_plan(self, v, in_capture)
+
     def _shape(self, m, v):
         from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
 
-        return FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
+        meta = FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
                                       max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.cu_seqlens_q,
                                       cu_seqlens_k=m.cu_seqlens_k, page_table=m.page_table)
+        if not hasattr(m, "expand_page_table"):
+            return meta, None
+        # the drafts' attention: one query per row over the drafts its tree-mask row shows
+        return meta, FlashAttentionMetadata(cache_seqlens_int32=m.expand_cache_seqlens_int32, max_seq_len_q=1,
+                                            max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.expand_cu_seqlens_q,
+                                            cu_seqlens_k=m.expand_cu_seqlens_k, page_table=m.expand_page_table)
+
+    def _published(self, shaped) -> tuple:
+        return ((self, "forward_metadata", shaped[0]), (self, "forward_metadata_spec_decode_expand", shaped[1]))
 
 
 class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
-    """SGLang's FlashAttention-3 multi-step drafter (topk 1); every step's key lengths, key indptr and page
-    table from ``flashattention_draft`` in one recorded kernel, where SGLang rebuilds each step's on the host
-    and device every round. Each step's attention is its own SGLang child backend's."""
+    """SGLang's FlashAttention-3 multi-step drafter; every step's key lengths, key indptr and page table from
+    ``flashattention_draft`` in one recorded kernel, where SGLang rebuilds each step's on the host and device
+    every round. With topk > 1 each step is FA3's two attentions: the prefix, the same for every step, and the
+    step's branches (``forward_metadata_spec_decode_expand``: each branch's drafted tokens so far, by page, from
+    the branch's region of the request table, where EAGLE's worker writes the slots ``out_cache_loc`` holds).
+    Each step's attention is its own SGLang child backend's."""
 
     spec_name = "flashattention_draft"
 
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, fa_impl_ver: int = 3, *, compiled=None):
-        if topk > 1:
-            raise OptionsError(f"attnmeta's flashattention_draft plans EAGLE topk 1, not {topk} (FA3's draft decode "
-                               "with topk > 1 reads expand metadata it does not build); serve this draft with "
-                               "SGLang's own fa3 backend")
         super().__init__(model_runner, topk, speculative_num_steps, fa_impl_ver)
         q, kv = rank_heads(model_runner)
-        wanted = resolved_options(model_runner, self.attn_backends[0], modes=("decode", "idle"), topk=1,
+        wanted = resolved_options(model_runner, self.attn_backends[0], modes=("decode", "idle"), topk=max(topk, 1),
                                   num_steps=speculative_num_steps, num_heads=q, num_kv_heads=kv)
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
 
     def _step_shape(self, m, s: int):
         from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
 
-        return FlashAttentionMetadata(cache_seqlens_int32=_step(m, s, "cache_seqlens_int32"),
-                                      max_seq_len_q=int(m.max_seq_len_q),
-                                      max_seq_len_k=self.attnmeta.compiled.options.max_context_len,
-                                      cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=_step(m, s, "cu_seqlens_k"),
-                                      page_table=_step(m, s, "page_table"))
+        L = self.attnmeta.compiled.options.max_context_len
+        if self.topk <= 1:
+            return FlashAttentionMetadata(cache_seqlens_int32=_step(m, s, "cache_seqlens_int32"),
+                                          max_seq_len_q=int(m.max_seq_len_q), max_seq_len_k=L,
+                                          cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=_step(m, s, "cu_seqlens_k"),
+                                          page_table=_step(m, s, "page_table")), None
+        prefix = FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
+                                        max_seq_len_k=L, cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=m.cu_seqlens_k,
+                                        page_table=m.page_table)
+        return prefix, FlashAttentionMetadata(
+            cache_seqlens_int32=_step(m, s, "expand_cache_seqlens_int32"), max_seq_len_q=1, max_seq_len_k=L,
+            cu_seqlens_q=m.expand_cu_seqlens_q, cu_seqlens_k=_step(m, s, "expand_cu_seqlens_k"),
+            page_table=_step(m, s, "expand_page_table"))
+
+    def _published(self, shaped) -> tuple:
+        out = []
+        for child, (meta, expand) in zip(self.attn_backends, shaped, strict=True):
+            out += [(child, "forward_metadata", meta), (child, "forward_metadata_spec_decode_expand", expand)]
+        return tuple(out)

@@ -1,9 +1,9 @@
 """SGLang's real engine (its processes, ModelRunner, radix cache, decode and EAGLE CUDA graphs) serves the
 same prompts through SGLang's own ``triton`` / ``flashinfer`` / ``fa3`` backend and through attnmeta's
 ``attnmeta_triton`` / ``attnmeta_flashinfer`` / ``attnmeta_fa3``: the greedy tokens must be equal. Page sizes 1
-and 16, plain decoding and EAGLE with topk 1 and 4 (topk 1 for fa3; verify, draft decode and draft extend
-graphs captured). FlashAttention-3's attention is the stand-in's torch ``flash_attn_with_kvcache`` on both
-sides (SGLang's kernel package does not install on the lent H200).
+and 16, plain decoding and EAGLE with topk 1 and 4 (verify, draft decode and draft extend graphs captured; fa3's
+topk-4 draft decode is SGLang's own drafter on both sides). FlashAttention-3's attention is the stand-in's torch
+``flash_attn_with_kvcache`` on both sides (SGLang's kernel package does not install on the lent H200).
 The cases are independent processes: ``pytest -n 4`` runs them side by side on one GPU (each engine's KV
 pool is capped, so they fit). ``ATTNMETA_ENGINE_OUT`` names a folder that keeps each case's results
 (tokens, logprobs, start and generate seconds).
@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = [f"{kind}:{page}{':' + topk if topk else ''}" for kind in ("triton", "flashinfer") for page in (1, 16)
          for topk in ("", "1", "4")]
-# FlashAttention-3 (attnmeta_fa3 serves EAGLE topk 1), attending through the stand-in's torch FA3 on both sides
-CASES += [f"fa3:{page}{':' + topk if topk else ''}" for page in (1, 16) for topk in ("", "1")]
+# FlashAttention-3, attending through the stand-in's torch FA3 on both sides (topk 4: the tree verify's two
+# attentions merged by their LSE)
+CASES += [f"fa3:{page}{':' + topk if topk else ''}" for page in (1, 16) for topk in ("", "1", "4")]
 WANTED = [c for c in os.environ.get("ATTNMETA_ENGINE_CASES", "").split(",") if c] or CASES
 
 

@@ -259,6 +259,17 @@ def draft_decode(server: Server, rows: list[int], seq: list[int]):
                            hidden_states=torch.zeros(n, server.hidden))
     fb = _batch(server, server.draft_runner, ForwardMode.DECODE, rows, seq, n * K, spec=spec)
     fb.positions = torch.tensor(seq, dtype=torch.int64, device=server.device).repeat_interleave(K)
+    # every branch's S draft slots in a row (``[bs, topk, S]``), as EAGLE's worker hands them: the slots it wrote
+    # into the request's row for that branch, a page-aligned region after the prefix's whole pages, its first
+    # seq % P columns the copied partial page (page size 1: from column seq + k * S)
+    P, S = server.runner.page_size, server.spec.speculative_num_steps
+    table = server.draft_runner.req_to_token_pool.req_to_token
+    loc = []
+    for row, q in zip(rows, seq, strict=True):
+        last = q % P
+        stride = -(-(last + S) // P) * P
+        loc += [int(table[row, q - last + k * stride + last + t]) for k in range(K) for t in range(S)]
+    fb.out_cache_loc = torch.tensor(loc, dtype=torch.int64, device=server.device)
     return fb
 
 

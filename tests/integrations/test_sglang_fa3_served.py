@@ -5,9 +5,10 @@ same runner and batches.
 Both sides are SGLang's class (attnmeta's subclasses it), so both need, on a CPU, the stand-ins of
 ``fake_fa3`` (SGLang's kernel package, a Hopper's compute capability). SGLang's own metadata code runs as
 written (its Triton page-table and metadata kernels in the interpreter); no attention kernel runs. Compared
-on every step of decode, target verify (EAGLE topk 1) and draft extend V2 interleaved, eager and replayed,
-with and without host lengths: what FlashAttention-3's decode kernel reads (key lengths, query and key
-indptrs, the longest query, the pages each row's keys cover). ``max_seq_len_k`` is not compared: FA3's
+on every step of decode, target verify (EAGLE topk 1, and topk 4 with its tree expansion) and draft extend V2
+interleaved, eager and replayed, with and without host lengths: what FlashAttention-3's kernel reads (key
+lengths, query and key indptrs, the longest query, the pages each row's keys cover; with topk 4 also the
+drafts each query's tree-mask row shows, by token slot). ``max_seq_len_k`` is not compared: FA3's
 kernel does not read it (attnmeta's is the context, SGLang's the batch's longest)."""
 
 import pytest
@@ -26,30 +27,54 @@ from tests.integrations.served_pairs import serve, side_by_side
 from tests.integrations.sglang_server import ROWS, Runners, Server, decode, draft_decode, draft_decode_view, prefill
 from tests.integrations.test_sglang_serving import lens
 
-EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
-         "--speculative-num-draft-tokens", "4"]
-CASES = {"page1": (1, False), "page16-eagle": (16, True), "page64": (64, False), "page1-eagle": (1, True)}
+
+def eagle(topk: int) -> list[str]:
+    # topk 4 drafts 4 steps: a branch's three drafts at step 2 can fill the end of one page and start the next
+    return ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", str(topk), "--speculative-num-steps",
+            "3" if topk == 1 else "4", "--speculative-num-draft-tokens", "4" if topk == 1 else "8"]
+
+
+# page size, EAGLE's topk (0: plain decoding)
+CASES = {"page1": (1, 0), "page16-eagle": (16, 1), "page64": (64, 0), "page1-eagle": (1, 1), "page1-topk4": (1, 4),
+         "page16-topk4": (16, 4)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
-    page, eagle = CASES[request.param]
+    page, topk = CASES[request.param]
     with pytest.MonkeyPatch.context() as mp:
         fake_fa3.into_sglang(mp)
-        yield Server(["--attention-backend", "attnmeta_fa3", "--page-size", str(page), *(EAGLE if eagle else [])],
+        yield Server(["--attention-backend", "attnmeta_fa3", "--page-size", str(page), *(eagle(topk) if topk else [])],
                      seed=17)
 
 
-def same(ours, theirs, live: int, P: int, what: str) -> None:
+def same(ours, theirs, live: int, P: int, what: str, key_indptr: bool = True) -> None:
+    """``key_indptr=False``: the prefix of a topk > 1 draft step, whose key indptr FA3 is not handed (SGLang's
+    replay leaves it unwritten; attnmeta's is the running sum of the key lengths)."""
     keys = theirs.cache_seqlens_int32[:live].tolist()
     assert ours.cache_seqlens_int32[:live].tolist() == keys, (what, "cache_seqlens_int32")
     for i, k in enumerate(keys):
         pages = -(-k // P)
         assert ours.page_table[i, :pages].tolist() == theirs.page_table[i, :pages].tolist(), (what, "page_table", i)
-    for f in ("cu_seqlens_q", "cu_seqlens_k"):
+    for f in ("cu_seqlens_q", "cu_seqlens_k")[: 2 if key_indptr else 1]:
         assert getattr(ours, f)[: live + 1].tolist() == getattr(theirs, f)[: live + 1].tolist(), (what, f)
     assert int(ours.max_seq_len_q) == int(theirs.max_seq_len_q), (what, "max_seq_len_q")
     assert ours.window_size == theirs.window_size == (-1, -1), what
+
+
+def same_expand(ours, theirs, rows: int, what: str, pages: int = 1) -> None:
+    """topk > 1's second attention (verify: per draft query, the drafts its tree-mask row shows; draft decode: per
+    branch, its drafts so far): over ``rows`` rows the key counts and the pages (``pages``: tokens a page-table
+    entry holds; the verify's entries are token slots) FA3 reads, the query indptr, one query per row. The
+    verify's key indptr too (the draft decode's is a constant SGLang's kernel does not read)."""
+    keys = theirs.cache_seqlens_int32[:rows].tolist()
+    assert ours.cache_seqlens_int32[:rows].tolist() == keys, (what, "expand cache_seqlens_int32")
+    for r, k in enumerate(keys):
+        n = -(-k // pages)
+        assert ours.page_table[r, :n].tolist() == theirs.page_table[r, :n].tolist(), (what, "expand page_table", r)
+    for f in ("cu_seqlens_q", "cu_seqlens_k")[: 2 if pages == 1 else 1]:
+        assert getattr(ours, f)[: rows + 1].tolist() == getattr(theirs, f)[: rows + 1].tolist(), (what, "expand", f)
+    assert int(ours.max_seq_len_q) == int(theirs.max_seq_len_q) == 1, what
 
 
 def test_sglang_built_attnmeta_fa3_from_its_flags(case):
@@ -64,6 +89,7 @@ def test_sglang_built_attnmeta_fa3_from_its_flags(case):
 
         assert isinstance(s.draft_extend, FA3Backend) and isinstance(s.draft_decode, FA3DraftBackend)
         assert len(s.draft_decode.attn_backends) == s.spec.speculative_num_steps - 1
+        assert s.draft_decode.attnmeta.compiled.options.topk == s.spec.speculative_eagle_topk
 
 
 def test_every_step_equals_sglangs_own_fa3(case):
@@ -77,9 +103,15 @@ def test_every_step_equals_sglangs_own_fa3(case):
         seq = lens(rng, n, L - 2 * D)
         runners = pairs[mode]
         serve(s, runners, mode, rows, seq, step, replayed, bare=step % 5 == 4)
-        assert runners[0].backend._ours is not None  # attnmeta's compiled plan served it, not SGLang's code
-        same(runners[0].backend.forward_metadata, runners[1].backend.forward_metadata, n, P,
-             f"fa3 page {P} {mode} step {step} replayed={replayed}")
+        ours, theirs = runners[0].backend, runners[1].backend
+        assert ours._ours is not None  # attnmeta's compiled plan served it, not SGLang's code
+        what = f"fa3 page {P} {mode} step {step} replayed={replayed}"
+        same(ours.forward_metadata, theirs.forward_metadata, n, P, what)
+        tree = mode == "verify" and s.spec.speculative_eagle_topk > 1
+        assert (ours.forward_metadata_spec_decode_expand is None) is (not tree), what
+        if tree:
+            same_expand(ours.forward_metadata_spec_decode_expand, theirs.forward_metadata_spec_decode_expand, n * D,
+                        what)
 
 
 def test_every_draft_decode_step_equals_sglangs_own_fa3_drafter(case):
@@ -89,6 +121,7 @@ def test_every_draft_decode_step_equals_sglangs_own_fa3_drafter(case):
     if not s.speculative:
         pytest.skip("a plain server drafts nothing")
     P, L, S = s.runner.page_size, s.model_config.context_len, s.spec.speculative_num_steps
+    K = s.spec.speculative_eagle_topk
     pair = [Runners(s, s.draft_decode, "fa3", 1), Runners(s, s.own_drafters("fa3")[0], "fa3", 1)]
     with s.active():
         for r in pair:
@@ -96,7 +129,9 @@ def test_every_draft_decode_step_equals_sglangs_own_fa3_drafter(case):
     for step in range(8):
         replayed = step % 3 != 2
         n = rng.randint(1, max(s.sizes))
-        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - S)
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - K * (S + P))
+        if P > 1:  # half the prefixes end a token or two before a page's end: the branches' drafts cross into the next
+            seq = [x - x % P + P - 1 - j % 2 if j % 2 == 0 or x % 3 == 0 else x for j, x in enumerate(seq)]
         with s.active():
             for r in pair:
                 fb = draft_decode(s, rows, seq)
@@ -107,9 +142,17 @@ def test_every_draft_decode_step_equals_sglangs_own_fa3_drafter(case):
         assert pair[0].backend._ours is not None  # attnmeta's compiled round served it
         for i, (ours, theirs) in enumerate(zip(pair[0].backend.attn_backends, pair[1].backend.attn_backends,
                                                strict=True)):
-            same(ours.forward_metadata, theirs.forward_metadata, n, P, f"draft step {i}, round {step}, "
-                 f"replayed={replayed}")
-            assert theirs.forward_metadata.cache_seqlens_int32[:n].tolist() == [x + i + 1 for x in seq]
+            what = f"draft step {i}, round {step}, replayed={replayed}"
+            same(ours.forward_metadata, theirs.forward_metadata, n, P, what, key_indptr=K == 1)
+            if K == 1:
+                assert theirs.forward_metadata.cache_seqlens_int32[:n].tolist() == [x + i + 1 for x in seq]
+                assert ours.forward_metadata_spec_decode_expand is None, what
+                continue
+            # topk > 1: the prefix up to its last whole page, the same every step; each branch's drafts so far
+            assert theirs.forward_metadata.cache_seqlens_int32[:n].tolist() == [x - x % P for x in seq]
+            e_ours, e_theirs = ours.forward_metadata_spec_decode_expand, theirs.forward_metadata_spec_decode_expand
+            assert e_theirs.cache_seqlens_int32[: n * K].tolist() == [x % P + i + 1 for x in seq for _ in range(K)]
+            same_expand(e_ours, e_theirs, n * K, what, pages=P)
 
 
 def test_prefill_and_mixed_are_sglangs_own_fa3(case):
@@ -156,10 +199,6 @@ def test_the_comparison_can_fail(case):
 def test_what_attnmeta_fa3_does_not_serve_is_refused_by_name():
     with pytest.MonkeyPatch.context() as mp:
         fake_fa3.into_sglang(mp)
-        with pytest.raises(OptionsError, match="topk > 1"):
-            Server(["--attention-backend", "attnmeta_fa3", "--speculative-algorithm", "EAGLE",
-                    "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
-                    "--speculative-num-draft-tokens", "6"])
         with pytest.raises(OptionsError, match="serves multi-head attention models"):
             Server(["--attention-backend", "attnmeta_fa3"], model="deepseek")
         import sglang.srt.layers.attention.flashattention_backend as fa

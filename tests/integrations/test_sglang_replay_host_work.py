@@ -50,6 +50,10 @@ CASES = {
                        fake_flashinfer.into_sglang),
     "fa3-p16-eagle": (["--attention-backend", "attnmeta_fa3", "--page-size", "16", *CHAIN], "llama",
                       fake_fa3.into_sglang),
+    # topk 4: the verify reads the tree mask SGLang's worker wrote into the plan's buffer (SGLang's own drafter)
+    "fa3-p16-topk4": (["--attention-backend", "attnmeta_fa3", "--page-size", "16", *EAGLE, "--speculative-eagle-topk",
+                       "4", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "6"], "llama",
+                      fake_fa3.into_sglang),
     "trtllm_mha-eagle": (["--attention-backend", "attnmeta_trtllm_mha", "--page-size", "16", *CHAIN], "llama",
                          fake_flashinfer.into_sglang_trtllm),
     "trtllm_mla-eagle": (["--attention-backend", "attnmeta_trtllm_mla", "--page-size", "64", *CHAIN], "deepseek",
@@ -139,6 +143,9 @@ def test_a_replayed_step_dispatches_no_aten_op(case):
                 assert (ops == []) is not plan.host_work, (name, key, bs, ops)
                 r.graphs[(key, bs)].replay()
                 replayed = tensors(am.forward_metadata)
+                theirs = twin.bound(v_mode(v), bs).meta  # the mask copied into the twin's plan, as the backend does
+                if mask is not None and isinstance(getattr(theirs, "custom_mask", None), torch.Tensor):
+                    theirs.custom_mask.view(-1)[: mask.numel()].copy_(mask)
                 twin.init_forward_metadata(BatchView(width).fill(v))  # the same padded view, staged, eager
                 staged = tensors(twin.forward_metadata)
             if mask is not None:  # the drafter's mask, read where the drafter wrote it (a chain's verify reads none)

@@ -1,0 +1,125 @@
+"""EAGLE with topk > 1 on FlashAttention: the draft tree's attention in two parts merged by their LSE, as FA3
+runs it: the prefix (the cached keys, decode's page table) and an expansion with one row per draft query over
+the drafted tokens it may see, by token slot (``expand_*`` fields, SGLang's ``forward_metadata_spec_decode_expand``).
+
+The verify's expansion picks and orders a few columns per row (at most D); the selection is unrolled over those
+columns into per-row counts and selects, so it is one fused kernel over its rows, with no sort. The drafter's
+branches are page-aligned regions of the request table, read as page tables are.
+"""
+
+from __future__ import annotations
+
+from attnmeta.compiler import CompileOptions
+from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.runtime.metadata import step_prefix
+
+from ..common import decode_inputs, sub_rows, verify_mask
+from ..multistep import headroom
+
+I32, I64 = DType.int32, DType.int64
+
+
+def _spread(b: SpecBuilder, x, width: int):
+    """``x`` (one value per row) in every column of a ``[rows, width]`` value."""
+    return b.outer("add", x, b.full(0, [width], x.type.dtype))
+
+
+def tree_verify(b: SpecBuilder, options: CompileOptions, seq_lens, rpi, req_to_token) -> Graph:
+    """Target verify with EAGLE topk > 1, as FA3 runs it: two attentions merged by their LSE.
+
+    - The prefix: each request's D queries over its seq_lens cached keys (no drafts), pages as decode's.
+    - The drafts (``expand_*``): one row per draft query, r = i * D + j. Its keys are the drafts its tree-mask
+      row allows, in draft order: key c of row r is visible when the mask holds at
+      ``mask_indptr[i] + j * (seq_i + D) + seq_i + c``. ``expand_page_table[r]`` lists those drafts' token
+      slots first, in order, then the hidden ones (a stable partition of the D columns, written for every
+      column as SGLang's sort writes it); ``expand_cache_seqlens_int32[r]`` counts the visible ones.
+
+    The stable partition is unrolled over the D columns (D is small: the draft tokens) into per-row
+    counts and selects, so the whole expansion is one fused kernel over the bs * D rows, with no sort."""
+    D, P = options.num_draft_tokens, options.page_size
+    with b.in_graph():
+        cache_seqlens = b.copy(seq_lens, name="cache_seqlens_int32")
+        cu_seqlens_q = b.arange("bs + 1", step=D, name="cu_seqlens_q")
+        cu_seqlens_k = b.cumsum(seq_lens, name="cu_seqlens_k")
+        page_table = b.page_table(req_to_token, rpi, seq_lens, page_size=P, width="W", name="page_table")
+        mask = verify_mask(b, D)  # the drafter's tree mask, written into this field before the step
+        mask_indptr = b.cumsum(b.ewise("mul", b.ewise("add", seq_lens, D), D))
+        req, j = sub_rows(b, D)
+        seq = b.lookup(seq_lens, req)
+        rows = b.lookup(rpi, req)
+        # where row r's draft columns start in the flat mask (int64: the mask spans max_bs * D * (L + D))
+        start = b.ewise("add", b.cast(b.ewise("add", b.ewise("mul", j, b.ewise("add", seq, D)), seq), I64),
+                        b.cast(b.lookup(mask_indptr, req), I64))
+        seen = [b.lookup(mask, b.ewise("add", start, c)) for c in range(D)]
+        before, count = [], b.full(0, [f"{D}*bs"], I32)
+        for c in range(D):  # visible columns before c: a visible column's slot among the visible ones
+            before.append(count)
+            count = b.ewise("add", count, b.cast(seen[c], I32))
+        cols = b.arange(D)
+        at = _spread(b, seq, D)  # every entry of the row is overwritten below
+        for c in range(D):
+            # visible: after the visible ones before it; hidden: after every visible one and the hidden ones before
+            slot = b.where(seen[c], before[c], b.ewise("add", b.ewise("sub", count, before[c]), c))
+            at = b.where(b.outer("eq", slot, cols), _spread(b, b.ewise("add", seq, c), D), at)
+        expand_page_table = b.gather_rows(req_to_token, rows, at, name="expand_page_table")
+        expand_lens = b.copy(count, name="expand_cache_seqlens_int32")
+        expand_cu_k = b.cumsum(count, name="expand_cu_seqlens_k")
+        expand_cu_q = b.arange(f"{D}*bs + 1", name="expand_cu_seqlens_q")
+    with b.out_graph():
+        max_q = b.full(D, [], I32, Placement.host, name="max_seq_len_q")
+        max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
+    b.outputs(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+              page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k, custom_mask=mask,
+              expand_cache_seqlens_int32=expand_lens, expand_cu_seqlens_q=expand_cu_q,
+              expand_cu_seqlens_k=expand_cu_k, expand_page_table=expand_page_table)
+    return b.build()
+
+
+
+def tree_draft(b: SpecBuilder, options: CompileOptions) -> Graph:
+    """EAGLE's multi-step draft decode with K = topk > 1 branches, every step s of a round (the drafter's
+    children, s < S - 1) in one graph.
+
+    - The prefix, the same for every step: each request's K queries (one per branch) over its cached keys,
+      up to the last whole page (``seq - seq % P``); the partial last page goes with the branches, which
+      hold their own copy of it.
+    - Step s's branches (``step<s>_expand_*``), one row per branch r = i * K + k: its keys are the
+      ``seq % P`` copied tokens and the s + 1 drafted so far. EAGLE's worker writes each branch's slots into
+      the request's row after the prefix, from the page-aligned column ``floor(seq / P) * P + k * stride``
+      (``stride = ceil((seq % P + S) / P) * P``; ``seq + k * S`` for page size 1), the copied tokens first
+      (``out_cache_loc`` holds the same draft slots): the branch's page table is that region's pages, read
+      from the request table as the prefix's are, so a replay reads only the engine's pools.
+    ``cu_seqlens_k`` of the prefix is its running sum, and the branches' a constant stride of s + 1, as SGLang
+    sets them; FA3 reads neither (the key lengths and page tables bound its reads)."""
+    K, S, P = options.topk, options.num_steps, options.page_size
+    seq_lens, rpi, req_to_token = decode_inputs(b, headroom(None, options))
+    out = {}
+    with b.in_graph():
+        last = b.ewise("mod", seq_lens, P) if P > 1 else None
+        prefix = b.ewise("sub", seq_lens, last) if P > 1 else seq_lens
+        out["cache_seqlens_int32"] = b.copy(prefix, name="cache_seqlens_int32")
+        out["cu_seqlens_q"] = b.arange("bs + 1", step=K, name="cu_seqlens_q")
+        out["cu_seqlens_k"] = b.cumsum(prefix, name="cu_seqlens_k")
+        out["page_table"] = b.page_table(req_to_token, rpi, prefix, page_size=P, width="W", name="page_table")
+        out["expand_cu_seqlens_q"] = b.arange(f"{K}*bs + 1", name="expand_cu_seqlens_q")
+        req, k = sub_rows(b, K)
+        rows, start = b.lookup(rpi, req), b.lookup(prefix, req)
+        if P > 1:  # the branch's region: page-aligned, after the prefix's whole pages
+            tail = b.lookup(last, req)
+            stride = b.ewise("mul", b.ewise("ceildiv", b.ewise("add", tail, S), P), P)
+            start = b.ewise("add", start, b.ewise("mul", k, stride))
+        else:
+            start = b.ewise("add", start, b.ewise("mul", k, S))
+        for s in range(S - 1):  # step s reads the first s + 1 drafts
+            p = step_prefix(s)
+            # SGLang's width: s + 1 columns, one more for the copied partial page when a page holds more than a token
+            n = s + 1 + (P > 1)
+            slots = b.gather_rows(req_to_token, rows, b.outer("add", start, b.arange(n, step=P)))
+            out[p + "expand_page_table"] = b.ewise("floordiv", slots, P) if P > 1 else slots
+            lens = b.full(s + 1, [f"{K}*bs"], I32)
+            out[p + "expand_cache_seqlens_int32"] = b.ewise("add", lens, tail) if P > 1 else b.copy(lens)
+            out[p + "expand_cu_seqlens_k"] = b.arange(f"{K}*bs + 1", step=s + 1)
+    with b.out_graph():
+        out["max_seq_len_q"] = b.full(K, [], I32, Placement.host)
+    b.outputs(**out)
+    return b.build()
