@@ -36,7 +36,7 @@ def eagle(topk: int) -> list[str]:
 
 # page size, EAGLE's topk (0: plain decoding)
 CASES = {"page1": (1, 0), "page16-eagle": (16, 1), "page64": (64, 0), "page1-eagle": (1, 1), "page1-topk4": (1, 4),
-         "page16-topk4": (16, 4)}
+         "page16-topk4": (16, 4), "page64-topk4": (64, 4)}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
