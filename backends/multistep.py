@@ -74,10 +74,6 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
 
 def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpec:
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
-        if headroom(mode, options) >= options.max_context_len:
-            raise OptionsError(f"multistep with topk={options.topk}, num_steps={options.num_steps} and page_size="
-                               f"{options.page_size} needs {headroom(mode, options)} slots past each prefix, not "
-                               f"fewer than max_context_len={options.max_context_len}; raise max_context_len")
         g = inner.build(ForwardMode.DECODE, options)
         b = SpecBuilder(f"multistep.{g.name}")
         p_hi = f"L - {headroom(mode, options)}"  # every step's drafts, every branch, fit after the prefix

@@ -192,7 +192,7 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
         if options.max_context_len - room < 1:
             raise OptionsError(f"backend {spec.name!r} in {m.name.lower()} reads {room} request-table columns past "
                                f"each sequence, which max_context_len={options.max_context_len} leaves no room for; "
-                               f"raise max_context_len above {room} (--context-length)")
+                               f"raise max_context_len above {room} (--max-context-len)")
     check_disabled(options)
     check_dump_sizes(options)
     timing = Timing()

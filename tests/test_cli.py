@@ -59,7 +59,7 @@ def test_compile_multistep_with_branches(tmp_path, capsys):
     assert "%step1_kv_indptr = cumsum(%step1_seq_lens) {leading_zero=true} : i32[9]" in text  # 4 x 2 rows
     assert main(["compile", "multistep_triton", "--max-bs", "4", "--topk", "3", "--num-steps", "30",
                  "--max-context-len", "64"]) == 2
-    assert "needs 90 slots past each prefix" in capsys.readouterr().err
+    assert "reads 90 request-table columns past each sequence" in capsys.readouterr().err
 
 
 def test_a_backends_own_flags_reach_it_and_no_other(tmp_path, capsys):

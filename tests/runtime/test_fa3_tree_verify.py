@@ -218,6 +218,6 @@ def test_tree_draft_by_hand():
 def test_a_context_too_short_for_the_branches_is_refused_at_compile():
     from attnmeta.compiler.ir.errors import OptionsError
 
-    with pytest.raises(OptionsError, match=r"reads 100 request-table columns .* raise max_context_len above 100"):
+    with pytest.raises(OptionsError, match=r"reads 100 request-table columns .* above 100 \(--max-context-len\)"):
         compile_backend("flashattention_draft", CompileOptions(modes=(M.DECODE,), max_bs=2, max_context_len=96,
                                                                page_size=16, num_draft_tokens=6, topk=K, num_steps=S))

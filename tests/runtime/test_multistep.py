@@ -113,5 +113,5 @@ def test_a_sequence_without_room_for_the_drafts_is_refused():
 
 
 def test_drafts_that_cannot_fit_the_context_are_refused_at_compile_time():
-    with pytest.raises(OptionsError, match="needs 67 slots past each prefix.*max_context_len=64"):
+    with pytest.raises(OptionsError, match="reads 67 request-table columns .*max_context_len=64.*above 67"):
         compile_backend("multistep_flashinfer", CompileOptions(max_bs=4, max_context_len=64, topk=3, page_size=16))
