@@ -64,8 +64,9 @@ STREAM = ("_paged_kv_indptr_buf", "_paged_kv_indices_buf", "_paged_kv_last_page_
 
 # SGLang's registry name of a kind: FlashInfer on an MLA model is "mla" here; "mla-device" is the same with
 # attnmeta's in-graph MLA partition (ATTNMETA_PLANNER=device) in place of FlashInfer's C++ planner per step;
-# "flashmla" is FlashMLA (on DeepSeek-V3's 128 heads: its schedule's part count depends on them)
-OWN = {"mla": "flashinfer", "mla-device": "flashinfer"}
+# "flashmla" is FlashMLA (on DeepSeek-V3's 128 heads: its schedule's part count depends on them); "fa3-tree" is
+# fa3 under EAGLE's defaults (topk 4): its verify is the prefix and the tree's expansion
+OWN = {"mla": "flashinfer", "mla-device": "flashinfer", "fa3-tree": "fa3"}
 MLA_MODELS = ("mla", "mla-device", "flashmla")
 CHAIN = MLA_MODELS + ("trtllm_mha", "fa3")  # kinds whose EAGLE verifies a chain (topk 1) here
 MODES = {"mla": ("verify",), "mla-device": ("verify",)}  # SGLang's FlashInfer MLA captures no draft extend graph
@@ -123,8 +124,12 @@ class Side:
             return mla_read(be, mine, self.mode, prep)
         if self.kind == "flashmla":
             return flashmla_read(be.forward_metadata, self.mode, prep)
-        if self.kind in ("trtllm_mha", "fa3"):  # FA3's kernel reads what TRT-LLM MHA's reads
-            return trtllm_read(be.forward_metadata, prep, self.runner.server.runner.page_size)
+        if self.kind in ("trtllm_mha", "fa3", "fa3-tree"):  # FA3's kernel reads what TRT-LLM MHA's reads
+            out = trtllm_read(be.forward_metadata, prep, self.runner.server.runner.page_size)
+            tree = getattr(be, "forward_metadata_spec_decode_expand", None)
+            if tree is not None:  # topk > 1 verify: each draft query's visible drafts, by slot
+                out |= expand_read(tree, prep.live * prep.fb.spec_info.draft_token_num)
+            return out
         if self.kind == "flashinfer":
             if mine:
                 md = be.forward_metadata
@@ -182,6 +187,14 @@ def trtllm_read(md, prep, P: int) -> dict:
     return {"keys": keys.clone(), "max_q": int(md.max_seq_len_q),
             "pages": torch.cat([md.page_table[i, : -(-k // P)] for i, k in enumerate(keys.tolist())]).clone(),
             **{f: getattr(md, f)[: prep.live + 1].clone() for f in ("cu_seqlens_q", "cu_seqlens_k")}}
+
+
+def expand_read(md, rows: int) -> dict:
+    """What FA3's second attention of a topk > 1 verify reads: per draft query its visible drafts' count and
+    slots, and the key indptr."""
+    keys = md.cache_seqlens_int32[:rows]
+    return {"expand_keys": keys.clone(), "expand_cu_k": md.cu_seqlens_k[: rows + 1].clone(),
+            "expand_slots": torch.cat([md.page_table[r, :k] for r, k in enumerate(keys.tolist())]).clone()}
 
 
 def load(runner, mode: str, prep):
@@ -402,7 +415,8 @@ def main(argv=None) -> int:
                     help="triton, flashinfer, mla (FlashInfer on DeepSeek-V2), mla-device (the same, its partition "
                     "planned in the graph), flashmla (FlashMLA, pages of 64: --pages 64 --eagle-pages 64), "
                     "trtllm_mha (TRT-LLM MHA's metadata; pages of 16, 32 or 64), fa3 (FlashAttention-3's; SGLang's "
-                    "kernel package, or the stand-in of tests/gpu/standin on PYTHONPATH)")
+                    "kernel package, or the stand-in of tests/gpu/standin on PYTHONPATH), fa3-tree (fa3 under EAGLE's "
+                    "defaults, topk 4: the tree verify)")
     ap.add_argument("--pages", default="1,16")
     ap.add_argument("--sizes", default="1,8,64,256")
     ap.add_argument("--eagle-sizes", default="1,8,32", help="verify and draft extend sizes ('' skips them)")

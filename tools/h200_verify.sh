@@ -16,6 +16,7 @@
 #   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
 #             own triton and flashinfer at pages 1 and 16, TRT-LLM MHA at 16 and fa3 at 1 and 16, every step compared,
 #             about 5
+#   replaytree  the same for fa3 under EAGLE's defaults (topk 4: the tree verify), about 2
 #   replaymla the same for FlashInfer MLA (its partition planned on the GPU) and FlashMLA, about 2
 #   enginetime-a, enginetime-b  SGLang's real engine, one engine at a time: decode (triton page 1, or the kind
 #             ATTNMETA_ENGINETIME_KIND names: flashinfer, fa3), EAGLE topk 1 and 4, SGLang's own backend and attnmeta's (-a SGLang's first in each pair, -b attnmeta's), each
@@ -87,6 +88,12 @@ for stage in "$@"; do
         python3 tools/bench_sglang.py --kinds fa3 --pages 1,16 --eagle-pages 16 --iters 40 \
         --json "$OUT/replay-fa3.json" > "$OUT/replay-fa3.log" 2>&1
       grep "^|" "$OUT/replay-fa3.log" | tail -n +3 ;;
+    replaytree)
+      # FlashAttention-3 under EAGLE's defaults (topk 4): the tree verify and draft extend against SGLang's own fa3
+      PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}" SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 \
+        python3 tools/bench_sglang.py --kinds fa3-tree --pages 16 --sizes 8 --eagle-pages 1,16 --iters 40 \
+        --json "$OUT/replay-tree.json" > "$OUT/replay-tree.log" 2>&1
+      grep "^|" "$OUT/replay-tree.log" | tail -n +3 ;;
     replaymla)
       python3 tools/bench_sglang.py --kinds mla-device,flashmla --pages 1 --iters 40 --json "$OUT/replay-mla.json" \
         > "$OUT/replay-mla.log" 2>&1

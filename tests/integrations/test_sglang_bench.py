@@ -48,3 +48,33 @@ def test_a_difference_fails_the_run(bench, monkeypatch):
     monkeypatch.setattr(bench.Side, "read", off_by_one)
     assert bench.main(["--device", "cpu", "--kinds", "triton", "--pages", "1", "--sizes", "8", "--eagle-sizes", "",
                        "--iters", "2"]) == 1
+
+
+def test_fa3_tree_verify_is_compared_with_its_expansion(bench, tmp_path, monkeypatch):
+    """fa3 under EAGLE's defaults (topk 4): the verify's comparison includes the tree's expansion (each draft
+    query's visible drafts), and a slot off by one in it fails the run."""
+    from tests import fake_fa3
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fake_fa3.into_sglang(monkeypatch)
+    read, seen = bench.Side.read, []
+
+    def spy(self, prep):
+        got = read(self, prep)
+        seen.append(sorted(got))
+        return got
+
+    monkeypatch.setattr(bench.Side, "read", spy)
+    args = ["--device", "cpu", "--kinds", "fa3-tree", "--pages", "16", "--sizes", "8", "--eagle-sizes", "8",
+            "--eagle-pages", "16", "--iters", "2"]
+    assert bench.main(args) == 0
+    assert any("expand_slots" in fields for fields in seen)
+
+    def off_by_one(self, prep):
+        got = read(self, prep)
+        if self.name == "attnmeta" and "expand_slots" in got:
+            got["expand_slots"] = got["expand_slots"] + 1
+        return got
+
+    monkeypatch.setattr(bench.Side, "read", off_by_one)
+    assert bench.main(args) == 1
