@@ -75,7 +75,6 @@ def tree_verify(b: SpecBuilder, options: CompileOptions, seq_lens, rpi, req_to_t
     return b.build()
 
 
-
 def tree_draft(b: SpecBuilder, options: CompileOptions) -> Graph:
     """EAGLE's multi-step draft decode with K = topk > 1 branches, every step s of a round (the drafter's
     children, s < S - 1) in one graph.

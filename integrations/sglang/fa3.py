@@ -36,6 +36,15 @@ _SGLangFA3, _SGLangFA3Draft = sglang("sglang.srt.layers.attention.flashattention
                                      install="pip install 'attnmeta[sglang]' sgl-kernel")
 
 
+def _metadata(lens, cu_q, cu_k, table, max_q: int, max_k: int):
+    """SGLang's ``FlashAttentionMetadata`` over compiled buffers: key lengths, both indptrs, the page table, the
+    longest query and key."""
+    from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
+
+    return FlashAttentionMetadata(cache_seqlens_int32=lens, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, page_table=table,
+                                  max_seq_len_q=int(max_q), max_seq_len_k=int(max_k))
+
+
 class FA3Backend(CompiledModes, _SGLangFA3):
     """SGLang's FlashAttention-3 backend; its decode, idle, target verify (any topk) and draft extend V2
     metadata compiled into recorded kernels instead of SGLang's per-step rebuild on the host and device."""
@@ -81,17 +90,13 @@ class FA3Backend(CompiledModes, _SGLangFA3):
             mask_into_plan(self, v, in_capture)
 
     def _shape(self, m, v):
-        from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
-
-        meta = FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
-                                      max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.cu_seqlens_q,
-                                      cu_seqlens_k=m.cu_seqlens_k, page_table=m.page_table)
+        meta = _metadata(m.cache_seqlens_int32, m.cu_seqlens_q, m.cu_seqlens_k, m.page_table, m.max_seq_len_q,
+                         m.max_seq_len_k)
         if not hasattr(m, "expand_page_table"):
             return meta, None
         # the drafts' attention: one query per row over the drafts its tree-mask row shows
-        return meta, FlashAttentionMetadata(cache_seqlens_int32=m.expand_cache_seqlens_int32, max_seq_len_q=1,
-                                            max_seq_len_k=int(m.max_seq_len_k), cu_seqlens_q=m.expand_cu_seqlens_q,
-                                            cu_seqlens_k=m.expand_cu_seqlens_k, page_table=m.expand_page_table)
+        return meta, _metadata(m.expand_cache_seqlens_int32, m.expand_cu_seqlens_q, m.expand_cu_seqlens_k,
+                               m.expand_page_table, 1, m.max_seq_len_k)
 
     def _published(self, shaped) -> tuple:
         return ((self, "forward_metadata", shaped[0]), (self, "forward_metadata_spec_decode_expand", shaped[1]))
@@ -115,21 +120,13 @@ class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
 
     def _step_shape(self, m, s: int):
-        from sglang.srt.layers.attention.flashattention_backend import FlashAttentionMetadata
-
         L = self.attnmeta.compiled.options.max_context_len
         if self.topk <= 1:
-            return FlashAttentionMetadata(cache_seqlens_int32=_step(m, s, "cache_seqlens_int32"),
-                                          max_seq_len_q=int(m.max_seq_len_q), max_seq_len_k=L,
-                                          cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=_step(m, s, "cu_seqlens_k"),
-                                          page_table=_step(m, s, "page_table")), None
-        prefix = FlashAttentionMetadata(cache_seqlens_int32=m.cache_seqlens_int32, max_seq_len_q=int(m.max_seq_len_q),
-                                        max_seq_len_k=L, cu_seqlens_q=m.cu_seqlens_q, cu_seqlens_k=m.cu_seqlens_k,
-                                        page_table=m.page_table)
-        return prefix, FlashAttentionMetadata(
-            cache_seqlens_int32=_step(m, s, "expand_cache_seqlens_int32"), max_seq_len_q=1, max_seq_len_k=L,
-            cu_seqlens_q=m.expand_cu_seqlens_q, cu_seqlens_k=_step(m, s, "expand_cu_seqlens_k"),
-            page_table=_step(m, s, "expand_page_table"))
+            return _metadata(_step(m, s, "cache_seqlens_int32"), m.cu_seqlens_q, _step(m, s, "cu_seqlens_k"),
+                             _step(m, s, "page_table"), m.max_seq_len_q, L), None
+        prefix = _metadata(m.cache_seqlens_int32, m.cu_seqlens_q, m.cu_seqlens_k, m.page_table, m.max_seq_len_q, L)
+        return prefix, _metadata(_step(m, s, "expand_cache_seqlens_int32"), m.expand_cu_seqlens_q,
+                                 _step(m, s, "expand_cu_seqlens_k"), _step(m, s, "expand_page_table"), 1, L)
 
     def _published(self, shaped) -> tuple:
         out = []

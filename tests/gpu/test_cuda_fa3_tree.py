@@ -26,7 +26,7 @@ def cuda(fb):
     return fb
 
 
-def captured(be, fb, bs: int) -> CudaGraph:
+def captured(be, fb) -> CudaGraph:
     be.init_forward_metadata_out_graph(fb, in_capture=True)
     be.init_forward_metadata_in_graph(fb)  # warm-up: Triton compiles before the capture
     torch.cuda.synchronize()
@@ -43,7 +43,7 @@ def test_tree_verify_on_cuda(P):
                                                           max_context_len=L, page_size=P, num_draft_tokens=D, topk=4,
                                                           num_steps=3))
     be, g = cb.instantiate(pool.cuda(), device=torch.device("cuda")), torch.Generator().manual_seed(P)
-    graph = captured(be, cuda(make_batch(8, L - D, ROWS, seed=1, mode=M.TARGET_VERIFY, max_len=3)), 8)
+    graph = captured(be, cuda(make_batch(8, L - D, ROWS, seed=1, mode=M.TARGET_VERIFY, max_len=3)))
     for seed, raw in ((2, 8), (3, 5)):
         fb = make_batch(raw, L - D, ROWS, seed=seed, mode=M.TARGET_VERIFY)
         mask = tree_mask(fb.seq_lens_cpu.tolist(), D, g)
@@ -68,7 +68,7 @@ def test_tree_draft_on_cuda(P):
                                                                 max_context_len=L, page_size=P, num_draft_tokens=D,
                                                                 topk=K, num_steps=S))
     be = cb.instantiate(pool.cuda(), device=torch.device("cuda"))
-    graph = captured(be, cuda(draft_batch(8, P, 1, pool)), 8)
+    graph = captured(be, cuda(draft_batch(8, P, 1, pool)))
     for seed, raw in ((2, 8), (3, 5)):
         fb = draft_batch(raw, P, seed, pool)
         want = EagerFlashAttentionTreeDraft(pool, MAX_BS, P, num_steps=S, topk=K).init_forward_metadata(fb)
