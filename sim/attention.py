@@ -78,11 +78,15 @@ def mla_attention_from_pool(q, ckv, kpe, req_to_token, req_pool_indices, seq_len
 
 def attention_from_pool(q, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens_cpu):
     """Oracle from the pool itself, no metadata at all: request i attends to the slots
-    req_to_token[rpi_i, :seq_i]."""
-    outs = []
+    req_to_token[rpi_i, :seq_i]. A pool of fewer KV heads than q's (grouped-query attention) is expanded
+    per request, after the gather, in q's dtype: never the whole pool (a 4096-token x 300-row pool of 8
+    heads is 19 GiB once widened to 32 heads in fp32)."""
+    outs, groups = [], q.shape[1] // k_cache.shape[1]
     for i, (r, n) in enumerate(zip(req_pool_indices.tolist(), seq_lens_cpu.tolist(), strict=True)):
         idx = req_to_token[r, :n].long()
-        k, v = k_cache[idx].cpu(), v_cache[idx].cpu()  # gather where the pool lives, move only the rows
+        k, v = k_cache[idx].cpu().to(q.dtype), v_cache[idx].cpu().to(q.dtype)  # gather where the pool lives
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         outs.append(_one(q[i].cpu(), k, v))
     return torch.stack(outs) if outs else q.new_zeros((0, *q.shape[1:])).cpu()
 

@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
         for _, label in nodes:
             if "MEMCPY" in label.upper() or "MEMSET" in label.upper():
                 print("  ", re.sub(r"\\n|\s+", " ", label)[:400])
-                for addr in sorted(set(re.findall(r"0x[0-9a-f]{6,}", label))):
+                for addr in sorted(set(re.findall(r"0x[0-9a-fA-F]{12,}", label))):
                     print(f"     {addr}: {'; '.join(owners(int(addr, 16), tensors))}")
 
 

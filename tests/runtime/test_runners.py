@@ -108,3 +108,18 @@ def test_draft_runner_with_branches():
         out = runner.run(fb, q)
         want = draft_attention_from_pool(q, k, v, pool, fb.req_pool_indices, fb.seq_lens_cpu, S, K)
         torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
+
+
+def test_pool_oracle_widens_grouped_kv_heads_per_request():
+    """A pool of fewer KV heads than queries (grouped-query attention): query head h reads KV head
+    h // (H / HKV), and a bf16 pool is read in the query's dtype. Hand case: 2 KV heads, 4 query heads,
+    every query zero (so attention is the plain mean of the values it reads)."""
+    pool = torch.tensor([[0, 0, 0], [1, 2, 3]], dtype=torch.int32)
+    v = torch.zeros(4, 2, 1, dtype=torch.bfloat16)
+    v[1:, 0, 0] = torch.tensor([1.0, 2.0, 3.0])  # KV head 0 holds 1, 2, 3 at slots 1..3
+    v[1:, 1, 0] = torch.tensor([10.0, 20.0, 30.0])
+    k = torch.randn(4, 2, 1).to(torch.bfloat16)
+    q = torch.zeros(1, 4, 1)
+    out = attention_from_pool(q, k, v, pool, torch.tensor([1]), torch.tensor([2]))  # slots 1, 2
+    assert out.dtype == torch.float32
+    assert out[0, :, 0].tolist() == [1.5, 1.5, 15.0, 15.0]
