@@ -2,8 +2,8 @@
 same prompts through SGLang's own ``triton`` / ``flashinfer`` / ``fa3`` backend and through attnmeta's
 ``attnmeta_triton`` / ``attnmeta_flashinfer`` / ``attnmeta_fa3``: the greedy tokens must be equal. Page sizes 1
 and 16, plain decoding and EAGLE with topk 1 and 4 (verify, draft decode and draft extend graphs captured; each
-side's own multi-step drafter, attnmeta's FA3 drafter at every topk). FlashAttention-3's attention is the stand-in's torch
-``flash_attn_with_kvcache`` on both sides (SGLang's kernel package does not install on the lent H200).
+side's own multi-step drafter, attnmeta's FA3 drafter at every topk). FlashAttention-3's attention is the
+stand-in's torch ``flash_attn_with_kvcache`` on both sides (SGLang's kernel package does not install on the lent H200).
 The cases are independent processes: ``pytest -n 4`` runs them side by side on one GPU (each engine's KV
 pool is capped, so they fit). ``ATTNMETA_ENGINE_OUT`` names a folder that keeps each case's results
 (tokens, logprobs, start and generate seconds).
