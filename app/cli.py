@@ -70,6 +70,7 @@ def cmd_compile(a) -> int:
     opts = CompileOptions(max_bs=a.max_bs, page_size=page, max_context_len=a.max_context_len,
                           num_steps=a.num_steps, topk=a.topk, num_draft_tokens=a.num_draft_tokens,
                           sm_count=a.sm_count, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, modes=a.modes,
+                          sliding_window=a.sliding_window, window_pool=a.window_pool,
                           capture_sizes=sizes, backend=own_options(a.backend, a),
                           dump_dir=writable_dir(dump) if dump else None,
                           dump_bs=dump_bs, dump_modes=tuple(a.dump_modes or ()),
@@ -333,6 +334,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--sm-count", type=int, default=132, help="SMs of the target GPU (triton's split heuristic)")
     c.add_argument("--num-heads", type=int, default=32, help="query heads of the model (triton's split heuristic)")
     c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
+    c.add_argument("--sliding-window", type=int, default=0,
+                   help="tokens the model's sliding-window layers read (0: none; triton decode)")
+    c.add_argument("--window-pool", action="store_true",
+                   help="the window layers' KV lives in a pool of its own, reached through a full-to-window slot "
+                        "table (SGLang's SWAKVPool)")
     # the backend's own options (its folder's options class): given only for a backend that has them
     c.add_argument("--index-topk", type=int, choices=[512, 1024],
                    help="dsv4: compressed entries the indexer selects per query (the model's index_topk; 512)")

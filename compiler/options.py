@@ -51,6 +51,11 @@ class CompileOptions:
     sm_count: int = 132  # an H200
     num_heads: int = 32
     num_kv_heads: int = 8
+    # sliding-window attention (Mistral, Gemma 3, gpt-oss, Qwen hybrids): the window layers read the last
+    # ``sliding_window`` tokens of each request, 0 when the model has none; ``window_pool``: their KV lives in a
+    # pool of its own, reached from the full pool's slots through the engine's ``full_to_swa`` table
+    sliding_window: int = 0
+    window_pool: bool = False
     # the backend's own options: an instance of its folder's frozen options class (``spec.options_type``:
     # DSV4Options, FlashInferOptions, TritonOptions); None is that class's defaults. Read with ``of``.
     backend: object = None
@@ -87,6 +92,14 @@ class CompileOptions:
         if not isinstance(self.sm_count, int) or isinstance(self.sm_count, bool) or self.sm_count < 0:
             raise OptionsError(f"sm_count must be an int >= 0 (0: no SM count, triton's static split), got "
                                f"{self.sm_count!r} (--sm-count)")
+        if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) or self.sliding_window < 0:
+            raise OptionsError(f"sliding_window must be an int >= 0 (tokens; 0: no window), got "
+                               f"{self.sliding_window!r} (--sliding-window)")
+        if not isinstance(self.window_pool, bool):
+            raise OptionsError(f"window_pool must be a bool, got {self.window_pool!r} (--window-pool)")
+        if self.window_pool and not self.sliding_window:
+            raise OptionsError("window_pool=True needs a window: a pool of window layers' KV without "
+                               "sliding_window > 0 (--sliding-window) has no layers to serve")
         if self.num_heads % self.num_kv_heads:
             raise OptionsError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads} "
                                "(--num-heads, --num-kv-heads)")
@@ -112,4 +125,5 @@ class CompileOptions:
         """Config symbols every spec may use (bs is bound per specialization)."""
         L, P = self.max_context_len, self.page_size
         return {"max_bs": self.max_bs, "L": L, "P": P, "W": math.ceil(L / P),
-                "D": self.num_draft_tokens, "K": self.topk, "S": self.num_steps}
+                "D": self.num_draft_tokens, "K": self.topk, "S": self.num_steps} | \
+            ({"SW": self.sliding_window} if self.sliding_window else {})  # only where a window is (dumps stay short)

@@ -13,8 +13,12 @@ from ..common import gather_kv_indices
 
 class EagerTritonDecode:
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, max_kv_splits: int = 8, draft_tokens: int = 4,
-                 sm_count: int = 132, num_heads: int = 32, num_kv_heads: int = 8):
+                 sm_count: int = 132, num_heads: int = 32, num_kv_heads: int = 8, sliding_window: int = 0,
+                 full_to_swa: torch.Tensor | None = None):
         self.req_to_token, self.max_kv_splits, self.D = req_to_token, max_kv_splits, draft_tokens
+        # a sliding window of this many tokens (0: none); its KV in a pool of its own when ``full_to_swa`` maps the
+        # full pool's slots to that pool's
+        self.window, self.full_to_swa = sliding_window, full_to_swa
         group = num_heads // num_kv_heads  # thread blocks per request in the split-KV decode kernel
         self.sm_count, self.blocks = sm_count, num_heads if group == 1 else -(-num_heads // min(16, group))
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=req_to_token.device)
@@ -40,14 +44,36 @@ class EagerTritonDecode:
                 qo_indptr=torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=seq.device),
                 kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=D,
                 mask_indptr=torch.nn.functional.pad(torch.cumsum((seq + D) * D, 0, dtype=torch.int32), (1, 0)))
+        splits, uneven = self.splits(seq)
+        out = SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, uneven_batch=uneven, num_kv_splits=splits,
+                              max_kv_splits=self.max_kv_splits)
+        if self.window:
+            self.decode_window(fb, out)
+        return out
+
+    def decode_window(self, fb, out: SimpleNamespace) -> None:
+        """The window layers' fields, request by request: the last min(seq, W) slots of each row (translated to
+        the window pool's slots where it has one, and the step's write slots with them)."""
+        bs = fb.batch_size
+        rows, seqs = fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist()
+        parts = [self.req_to_token[r, s - min(s, self.window): s].long() for r, s in zip(rows, seqs, strict=True)]
+        lens = torch.tensor([p.numel() for p in parts], dtype=torch.int32)
+        out.window_kv_indptr = torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32)
+        idx = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        if self.full_to_swa is not None:
+            idx = self.full_to_swa[idx]
+            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[:bs].long()]
+        out.window_kv_indices = idx
+        out.window_num_kv_splits = self.splits(lens.to(fb.seq_lens.device))[0]
+
+    def splits(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(num_kv_splits, uneven_batch) of the engine's heuristic over the lengths ``seq``."""
+        bs = seq.shape[0]
         zero = torch.zeros((), dtype=torch.int32, device=seq.device)
         if self.sm_count == 0:  # the engine's static split
-            return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, uneven_batch=zero,
-                                   num_kv_splits=torch.full_like(seq, self.max_kv_splits, dtype=torch.int32),
-                                   max_kv_splits=self.max_kv_splits)
+            return torch.full_like(seq, self.max_kv_splits, dtype=torch.int32), zero
         if bs == 0:
-            return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=seq.clone(),
-                                   uneven_batch=zero, max_kv_splits=self.max_kv_splits)
+            return seq.clone(), zero
         longest, shortest = seq.max(), seq.min()
         shortest = torch.where(longest * 8 < shortest * 10, longest, shortest)
         uneven = (shortest < longest).to(torch.int32)
@@ -57,6 +83,4 @@ class EagerTritonDecode:
         cores = (torch.log2(longest.float() / 64.0).clamp(min=1.0) * self.sm_count).int()
         splits2 = torch.clamp(-(-cores // (bs * self.blocks)), max=self.max_kv_splits)
         chunk2 = -(-longest // splits2)
-        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, uneven_batch=uneven,
-                               num_kv_splits=torch.maximum(-(-seq // chunk), -(-seq // chunk2)).to(torch.int32),
-                               max_kv_splits=self.max_kv_splits)
+        return torch.maximum(-(-seq // chunk), -(-seq // chunk2)).to(torch.int32), uneven

@@ -27,7 +27,7 @@ from __future__ import annotations
 import attrs
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
-from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
 from attnmeta.compiler.ir.errors import OptionsError
 
 from ..common import decode_inputs, extend_lens, verify_mask
@@ -46,16 +46,18 @@ class TritonOptions:
             raise OptionsError(f"max_kv_splits must be an int >= 1, got {self.max_kv_splits!r} (--max-kv-splits)")
 
 
-def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions):
-    """(num_kv_splits per row, the uneven_batch flag)."""
+def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions, prefix: str = ""):
+    """(num_kv_splits per row, the uneven_batch flag); ``prefix`` names them for another set of lengths (the
+    window's)."""
     max_splits = options.of(TritonOptions).max_kv_splits
     if options.sm_count == 0:  # the engine's static split: no heuristic at all
-        return b.full(max_splits, ["bs"], I32, name="num_kv_splits"), b.full(0, [], I32, name="uneven_batch")
+        return (b.full(max_splits, ["bs"], I32, name=f"{prefix}num_kv_splits"),
+                b.full(0, [], I32, name=f"{prefix}uneven_batch"))
     longest = b.reduce("max", seq_lens)
     shortest = b.reduce("min", seq_lens)
     close = b.compare("lt", b.ewise("mul", longest, 8), b.ewise("mul", shortest, 10))
     shortest = b.where(close, longest, shortest)
-    uneven = b.cast(b.compare("lt", shortest, longest), I32, name="uneven_batch")
+    uneven = b.cast(b.compare("lt", shortest, longest), I32, name=f"{prefix}uneven_batch")
     shortest = b.ewise("max", shortest, 1)  # a zero-size TBO child has no rows
     splits = b.clamp(b.ewise("ceildiv", longest, shortest), 1, max_splits)
     chunk = b.ewise("max", b.ewise("ceildiv", longest, splits), 1)
@@ -67,12 +69,40 @@ def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions):
     splits2 = b.ewise("min", b.ewise("ceildiv", cores, grid), max_splits)
     chunk2 = b.ewise("max", b.ewise("ceildiv", longest, splits2), 1)
     return b.ewise("max", b.ewise("ceildiv", seq_lens, chunk), b.ewise("ceildiv", seq_lens, chunk2),
-                   name="num_kv_splits"), uneven
+                   name=f"{prefix}num_kv_splits"), uneven
+
+
+def window(b: SpecBuilder, seq_lens, rpi, req_to_token, options: CompileOptions) -> dict:
+    """The window layers' metadata (``options.sliding_window`` = SW > 0), as the engine builds it beside the
+    full layers': each request's last ``min(seq, SW)`` tokens (``window_kv_indptr``, ``window_kv_indices``; the
+    window pool's slots when ``window_pool``, translated from the full pool's through its ``full_to_swa``
+    table, with the step's own write slots ``swa_out_cache_loc``), and their split counts by the same heuristic
+    over the window lengths."""
+    out = {}
+    with b.in_graph():
+        lens = b.ewise("min", seq_lens, options.sliding_window, name="window_kv_lens")
+        out["window_kv_indptr"] = indptr = b.cumsum(lens, name="window_kv_indptr")
+        start = b.ewise("sub", seq_lens, lens)  # the window's first column: entries j read column start + j
+        idx = b.ragged_gather(req_to_token, rpi, lens, indptr, capacity="max_bs*SW",
+                              jump=(b.full(0, ["bs"], I32), start),
+                              name="window_kv_full" if options.window_pool else "window_kv_indices")
+        if options.window_pool:
+            full_to_swa = b.pool("full_to_swa", I64, ["N"])
+            out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
+            idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
+            out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
+        out["window_kv_indices"] = idx
+        out["window_num_kv_splits"] = num_kv_splits(b, lens, options, prefix="window_")[0]
+    return out
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"triton.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b)
+    if options.sliding_window and not mode.is_decode_or_idle():
+        raise OptionsError(f"triton's {mode.name} metadata for sliding-window layers is not built yet (decode and "
+                           "idle are): serve EAGLE on a sliding-window model with the engine's own backend, or "
+                           "compile without --sliding-window")
     if mode.is_target_verify():
         return verify(b, options.num_draft_tokens, seq_lens, rpi, req_to_token)
     if mode.is_draft_extend():
@@ -81,10 +111,12 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         splits, uneven = num_kv_splits(b, seq_lens, options)
+    win = window(b, seq_lens, rpi, req_to_token, options) if options.sliding_window else {}
     with b.out_graph():
         max_splits = b.full(options.of(TritonOptions).max_kv_splits, [], I32, Placement.host, name="max_kv_splits")
+    ragged = {"kv_indices": "kv_indptr"} | ({"window_kv_indices": "window_kv_indptr"} if win else {})
     b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, uneven_batch=uneven,
-              max_kv_splits=max_splits, ragged={"kv_indices": "kv_indptr"})
+              max_kv_splits=max_splits, ragged=ragged, **win)
     return b.build()
 
 

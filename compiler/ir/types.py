@@ -73,8 +73,8 @@ Dim = sympy.Expr | Dynamic
 
 # Symbols the specs and options use. One table so the parser and the
 # specializer agree on names.
-# R: req pool rows and N: KV slots, both bound only when a pool is (instantiate)
-SYMBOL_NAMES = ("bs", "max_bs", "R", "N", "L", "P", "W", "T", "D", "K", "S")
+# R: req pool rows and N: KV slots, both bound only when a pool is (instantiate); SW: the sliding window
+SYMBOL_NAMES = ("bs", "max_bs", "R", "N", "L", "P", "W", "T", "D", "K", "S", "SW")
 SYMBOLS = {n: sympy.Symbol(n, integer=True, nonnegative=True) for n in SYMBOL_NAMES}
 
 

@@ -202,6 +202,9 @@ def _capacity(g: Graph, f: Facts) -> Iterator[Violation]:
         table, rows = types[n.inputs[0]], types[n.inputs[1]]
         cap, need = concrete(n.a["capacity"]), None
         r, w = concrete(rows.shape[0]), concrete(table.shape[1])
+        top = ranges.get(n.inputs[2], (None, None))[1]  # a row's most entries: its length's bound (a window's)
+        if w is not None and top is not None:
+            w = min(w, top)
         if r is not None and w is not None:
             need = r * w
         if cap is not None and need is not None and cap < need:

@@ -38,15 +38,24 @@ class TritonBackend(CompiledModes, _SGLangTriton):
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, *, compiled=None, **kw):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, **kw)
         static = self.static_kv_splits or self.device_core_count <= 0
+        window = self.sliding_window_size if self.sliding_window_size and self.sliding_window_size > 0 else 0
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
                                   sm_count=0 if static else self.device_core_count,
+                                  sliding_window=window, window_pool=bool(window and self.use_sliding_window_kv_pool),
                                   backend=TritonOptions(max_kv_splits=self.max_kv_splits))
-        self._attach(compiled, wanted, self.req_to_token, model_runner.device)
+        # a window pool's KV is reached through the allocator's full-to-window slot table (SGLang registers it on
+        # the pool before any backend is built)
+        pools = {"full_to_swa": self.token_to_kv_pool.full_to_swa_index_mapping} if wanted.window_pool else {}
+        self._attach(compiled, wanted, self.req_to_token, model_runner.device, **pools)
         self._eager_scratch: dict = {}
 
     def unserved(self) -> list[str]:
-        checks = ((self.use_mla, "MLA models"), (bool(self.sliding_window_size and self.sliding_window_size > 0),
-                                                 "sliding-window attention"),
+        window = bool(self.sliding_window_size and self.sliding_window_size > 0)
+        checks = ((self.use_mla, "MLA models"),
+                  (window and bool(self.num_draft_tokens), "EAGLE's verify and draft extend on sliding-window "
+                                                                "layers (plain decoding is served)"),
+                  (self.use_sliding_window_kv_pool and self.token_to_kv_pool.full_to_swa_index_mapping is None,
+                   "a sliding-window pool without its full-to-window slot table"),
                   (self.dcp_size > 1, "decode context parallelism"), (self.dllm_block_size is not None,
                                                                      "diffusion LLM decoding"),
                   (self.kv_index_translator.is_translating, "a translated (unified) KV pool"),
@@ -61,6 +70,11 @@ class TritonBackend(CompiledModes, _SGLangTriton):
                     window_kv_offsets=None)
         if v.forward_mode.is_decode_or_idle():
             logits, lse, mp, lp, op, locks = split_scratch(self, self.attnmeta.max_bs, self._eager_scratch)
+            if self.attnmeta.compiled.options.sliding_window:  # the window layers' fields, from the same kernel
+                none = dict(window_kv_indptr=m.window_kv_indptr, window_kv_indices=m.window_kv_indices,
+                            window_num_kv_splits=m.window_num_kv_splits, window_kv_offsets=None,
+                            swa_attn_logits=swa_scratch(self, self.attnmeta.max_bs, self._eager_scratch),
+                            swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
             return ForwardMetadata(attn_logits=logits, attn_lse=lse, max_extend_len=None,
                                    num_kv_splits=m.num_kv_splits, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
                                    qo_indptr=None, custom_mask=None, mask_indptr=None, lean_Mp=mp, lean_Lp=lp,
@@ -111,6 +125,20 @@ def split_scratch(b, rows: int, made: dict) -> tuple:
                      torch.empty((rows, b.num_head, b.max_kv_splits), **f32), torch.empty(lean, **f32),
                      torch.empty(lean, **f32), torch.empty((*lean, b.v_head_dim), **f32),
                      torch.zeros(lean[:1], dtype=torch.int32, device=b.device))
+    return made[key]
+
+
+def swa_scratch(b, rows: int, made: dict):
+    """The window layers' split-KV logits where their value heads differ from the full layers' (SGLang's
+    ``swa_v_head_dim``), else None: SGLang's CUDA-graph buffer once it has made it, else one made here once."""
+    if getattr(b, "swa_v_head_dim", None) is None:
+        return None
+    if getattr(b, "cuda_graph_swa_attn_logits", None) is not None:
+        return b.cuda_graph_swa_attn_logits
+    key = (id(b), rows, "swa")
+    if key not in made:
+        made[key] = torch.empty((rows, b.num_head, b.max_kv_splits, b.swa_v_head_dim), dtype=torch.float32,
+                                device=b.device)
     return made[key]
 
 

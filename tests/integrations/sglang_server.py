@@ -75,8 +75,12 @@ class Server:
     ``python -m sglang.launch_server``, without ``--model-path``)."""
 
     def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu", rows: int = ROWS, context: int = 1024,
-                 model: str = "llama"):
+                 model: str = "llama", window: int | None = None, window_pool: bool = False):
+        """``window``: the sliding window SGLang resolved from the model (its runner's ``sliding_window_size``);
+        ``window_pool``: the window layers' KV in a pool of its own (SGLang's ``SWAKVPool``: layer 0 windowed,
+        the rest full) reached through a full-to-window slot table, else one plain pool."""
         register()
+        self.window, self.window_pool = window, window_pool
         self.device, self.rows, self.hidden = device, rows, MODELS[model]["hidden_size"]
         path = model_dir(context, model)
         args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
@@ -118,7 +122,7 @@ class Server:
         r.server_args, r.model_config, r.device, r.gpu_id, r.tp_rank = self.args, mc, self.device, 0, 0
         r.is_draft_worker, r.draft_attention_backend = False, None
         r.spec_algorithm = SpeculativeAlgorithm.from_string(self.spec.speculative_algorithm)
-        r.page_size, r.sliding_window_size, r.init_new_workspace = P, None, False
+        r.page_size, r.sliding_window_size, r.init_new_workspace = P, self.window, False
         r.max_running_requests = self.rows - 1  # the request pool's rows, as SGLang sizes it from the flag
         r.model = torch.nn.Module()  # no weights are loaded: a model without layers (TRT-LLM MHA scans its modules)
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)
@@ -131,13 +135,28 @@ class Server:
         r.token_to_kv_pool = MLATokenToKVPool(slots, P, r.kv_cache_dtype, mc.kv_lora_rank, mc.qk_rope_head_dim,
                                               mc.num_hidden_layers, dev, False) if r.use_mla_backend else \
             MHATokenToKVPool(slots, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim, mc.num_hidden_layers,
-                             dev, False)
+                             dev, False) if not self.window_pool else self._window_pool(slots, P, r.kv_cache_dtype)
         r.token_to_kv_pool_allocator = (
             TokenToKVPoolAllocator(slots, r.kv_cache_dtype, dev, r.token_to_kv_pool, False) if P == 1 else
             PagedTokenToKVPoolAllocator(slots, P, r.kv_cache_dtype, dev, r.token_to_kv_pool, False))
         r.init_kv_index_translator()
         fill_pool(r.req_to_token_pool.req_to_token, P, seed, slots)
         return r
+
+    def _window_pool(self, slots: int, P: int, dtype):
+        """SGLang's two-pool layout for sliding-window models: layer 0's KV in a window pool of its own, the rest
+        in the full pool, and the allocator's full-to-window slot table (here a seeded permutation of the window
+        pool's slots, with SGLang's trailing -1) registered on the pool as SGLang's allocator registers it."""
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+        mc, layers = self.model_config, self.model_config.num_hidden_layers
+        pool = SWAKVPool(size=slots, size_swa=slots, page_size=P, dtype=dtype, head_num=mc.get_num_kv_heads(1),
+                         head_dim=mc.head_dim, swa_attention_layer_ids=[0], full_attention_layer_ids=list(
+                             range(1, layers)), device=self.device)
+        g = torch.Generator().manual_seed(slots)
+        table = torch.cat([torch.randperm(slots + P, generator=g) % slots, torch.tensor([-1])]).to(self.device)
+        pool.register_mapping(table)
+        return pool
 
     def _draft_runner(self) -> ModelRunner:
         """EAGLE's draft runner: the target's pools (SGLang shares them), its own backend choice."""

@@ -41,9 +41,11 @@ from tests.integrations.sglang_server import (
 EAGLE = ["--speculative-algorithm", "EAGLE"]
 CHAIN = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
          "--speculative-num-draft-tokens", "4"]
-# kind -> (flags, model, stand-in installer)
+# kind -> (flags, model, stand-in installer[, the Server's other arguments])
 CASES = {
     "triton": (["--attention-backend", "attnmeta_triton"], "llama", None),
+    # a sliding-window model in one plain pool: the window's fields come from the same recorded kernel
+    "triton-window": (["--attention-backend", "attnmeta_triton", "--page-size", "16"], "llama", None, {"window": 40}),
     "triton-p16-eagle": (["--attention-backend", "attnmeta_triton", "--page-size", "16", *EAGLE], "llama", None),
     "flashinfer-eagle": (["--attention-backend", "attnmeta_flashinfer", *EAGLE], "llama", fake_flashinfer.into_sglang),
     "flashinfer-p16": (["--attention-backend", "attnmeta_flashinfer", "--page-size", "16"], "llama",
@@ -63,16 +65,16 @@ CASES = {
     "flashinfer_mla-eagle": (["--attention-backend", "attnmeta_flashinfer", *CHAIN], "deepseek",
                              fake_flashinfer.into_sglang_mla),
 }
-CHAINS = {k for k, (flags, _, _) in CASES.items() if flags[-len(CHAIN):] == CHAIN}  # a chain's verify: no mask
+CHAINS = {k for k, (flags, *_) in CASES.items() if flags[-len(CHAIN):] == CHAIN}  # a chain's verify: no mask
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def case(request):
-    flags, model, standin = CASES[request.param]
+    flags, model, standin, *more = CASES[request.param]
     with pytest.MonkeyPatch.context() as mp:
         if standin is not None:
             standin(mp)
-        yield request.param, Server(flags, seed=11, model=model)
+        yield request.param, Server(flags, seed=11, model=model, **(more[0] if more else {}))
 
 
 def aten_ops(fn) -> list[str]:

@@ -1,0 +1,131 @@
+"""``attnmeta_triton`` on a sliding-window model, against SGLang's own triton backend on the same runner.
+
+SGLang's runner resolves the model's window (``sliding_window_size``) and its memory layout: one plain pool, or
+``SWAKVPool`` (the window layers' KV in a pool of their own, reached from the full pool's slots through the
+allocator's ``full_to_swa_index_mapping``). Both backends are built by SGLang's registry from the same flags;
+decode and idle steps, eager and through SGLang's decode graph runner (captured, padded, viewed, replayed), are
+compared on every field the kernels read, the window's included: ``window_kv_indptr``, ``window_kv_indices``,
+``window_num_kv_splits`` and, with a window pool, the step's window write slots ``swa_out_cache_loc``."""
+
+import pytest
+
+pytest.importorskip("sglang.srt.layers.attention.base_attn_backend", reason="SGLang is not installed here; "
+                    "make test-sglang runs these")
+
+import random
+
+import attrs
+import torch
+
+from attnmeta.compiler.ir.errors import OptionsError
+from tests.integrations.sglang_server import ROWS, Runners, Server, decode, decode_view, rows_read
+
+W = 40  # tokens: lengths below, at and past it, and past a page
+FIELDS = ("kv_indptr", "kv_indices", "num_kv_splits", "window_kv_indptr", "window_kv_indices",
+          "window_num_kv_splits", "swa_out_cache_loc")
+
+
+def lens(rng: random.Random, n: int, hi: int) -> list[int]:
+    edges = [1, 2, W - 1, W, W + 1, 2 * W, 16, 17, hi - 1, hi]
+    return [rng.choice(edges) if rng.random() < 0.5 else rng.randint(1, hi) for _ in range(n)]
+
+
+def writing(server: Server, fb, loc: torch.Tensor):
+    """``fb`` writing its tokens at ``loc`` (as the allocator hands slots out), its KV plan bound again to them as
+    ``ForwardBatch.init_new`` binds it (SGLang reads the window write slots through the plan)."""
+    fb.out_cache_loc = loc.clone().to(fb.seq_lens.device)
+    t = server.runner.kv_index_translator
+    t.own_plan(fb).bind(fb, t, cols=None)
+    return fb
+
+
+def same(ours, theirs, live: int, what: str) -> None:
+    for f in FIELDS:
+        a, b = rows_read(ours, theirs, f, live)
+        if b is None:
+            assert a is None, (what, f, "attnmeta set a field SGLang leaves None")
+            continue
+        assert a is not None, (what, f, "attnmeta left None a field SGLang sets")
+        assert torch.equal(a.long(), b.long()), (what, f, live, a[:8].tolist(), b[:8].tolist())
+
+
+def theirs(r: Runners, fb, replayed: bool, live: int):
+    """SGLang's metadata for the step just driven: eager, its ``forward_metadata``; replayed, what its captured
+    kernels read (its own ``_build_cuda_graph_forward_metadata``, and the window write slots its replay refilled
+    into ``cuda_graph_swa_out_cache_loc``)."""
+    b = r.backend
+    if not replayed:
+        return b.forward_metadata
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    m = b._build_cuda_graph_forward_metadata(r.bucket(max(fb.batch_size, 1)), ForwardMode.DECODE, None)
+    if b.use_sliding_window_kv_pool:
+        m.swa_out_cache_loc = b.cuda_graph_swa_out_cache_loc[:live]
+    return m
+
+
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+@pytest.mark.parametrize("page", [1, 16])
+def test_window_decode_equals_sglangs_own(page, window_pool):
+    server = Server(["--attention-backend", "attnmeta_triton", "--page-size", str(page)], seed=page, window=W,
+                    window_pool=window_pool)
+    be, own = server.backend, server.own("triton")
+    assert be.attnmeta.compiled.options.sliding_window == W and own.sliding_window_size == W
+    assert be.use_sliding_window_kv_pool is window_pool is own.use_sliding_window_kv_pool
+    mine_r, own_r = Runners(server, be, "triton"), Runners(server, own, "triton")
+    with server.active():
+        for r in (mine_r, own_r):
+            r.capture(lambda bs, r=r: decode(server, [0] * bs, [r.fill] * bs), "decode")
+    rng, L, seen = random.Random(page + window_pool), server.model_config.context_len, set()
+    slots = server.slots
+    for step in range(24):
+        replayed, idle = step % 3 != 2, step % 7 == 6
+        n = rng.randint(1, max(server.sizes))
+        rows = rng.sample(range(1, ROWS), n)
+        seq = lens(rng, n, L)
+        loc = torch.tensor(rng.sample(range(1, slots), n))  # the step's write slots, as the allocator hands them
+        with server.active():
+            for r in (mine_r, own_r):
+                fb = decode(server, rows, seq, idle=idle)
+                if not idle:
+                    fb = writing(server, fb, loc)
+                if idle or replayed:
+                    bs = r.bucket(max(fb.batch_size, 1))
+                    r.replay(fb, "decode", decode_view(fb, bs, r.fill, 1))
+                else:
+                    r.backend.init_forward_metadata(fb)
+        live = 0 if idle else n
+        seen.add((replayed or idle, idle))
+        same(be.forward_metadata, theirs(own_r, fb, replayed or idle, live), live, f"step {step}")
+    assert seen >= {(True, False), (False, False), (True, True)}, seen
+
+
+def test_the_window_comparison_can_fail():
+    """The same comparison catches a window one token short: SGLang's own backend on a runner whose window is
+    W - 1 (the same seeded pools) differs from attnmeta's at W, while SGLang's own at W equals it."""
+    flags = ["--attention-backend", "attnmeta_triton"]
+    at_w, short = Server(flags, seed=3, window=W, window_pool=True), Server(flags, seed=3, window=W - 1,
+                                                                            window_pool=True)
+    metas = []
+    for server, backend in ((at_w, at_w.backend), (at_w, at_w.own("triton")), (short, short.own("triton"))):
+        with server.active():
+            backend.init_forward_metadata(writing(server, decode(server, [1, 2], [W + 5, 3]), torch.tensor([5, 9])))
+        metas.append(backend.forward_metadata)
+    same(metas[0], metas[1], 2, "the same window")
+    with pytest.raises(AssertionError, match="window_kv_indptr"):
+        same(metas[0], metas[2], 2, "W - 1")
+
+
+def test_an_artifact_for_another_window_is_refused_by_name():
+    from attnmeta.compiler import compile_backend
+    from attnmeta.integrations.sglang.backend import TritonBackend
+
+    server = Server(["--attention-backend", "attnmeta_triton"], seed=3, window=W)
+    other = compile_backend("triton", attrs.evolve(server.backend.attnmeta.compiled.options, sliding_window=W - 1))
+    with server.active(), pytest.raises(OptionsError, match="sliding_window"):
+        TritonBackend(server.runner, compiled=other)
+
+
+def test_eagle_on_a_window_model_is_refused_by_name():
+    with pytest.raises(OptionsError, match="EAGLE's verify and draft extend on sliding-window layers"):
+        Server(["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE"], window=W)
