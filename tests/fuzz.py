@@ -34,7 +34,8 @@ from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.oracles import assert_metadata_equal, padded
 
 PROFILES = {"fast": 60, "long": 27000}  # examples per property (long: over 100k cases in all)
-L, ROWS, MAX_BS, SIZES = 96, 12, 8, (2, 8)
+L, ROWS, MAX_BS, SIZES, WINDOW = 96, 12, 8, (2, 8), 24
+KINDS = ("triton", "flashinfer", "flashattention", "triton_window")
 COUNT = {"cases": 0, "accepted": 0}
 
 
@@ -44,7 +45,17 @@ def _compiled():
         for name in ("triton", "flashinfer", "flashattention"):
             cache[name] = compile_backend(name, CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
                                                                modes=("decode", "idle")))
+        # a sliding-window model (one pool): the window's fields beside the full layers'
+        cache["triton_window"] = compile_backend("triton", CompileOptions(
+            max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=("decode", "idle"), sliding_window=WINDOW))
     return cache
+
+
+def _twin(name: str):
+    """The backend's eager twin over the fuzz pool."""
+    if name == "triton_window":
+        return get_eager("triton")(_pool(), MAX_BS, sliding_window=WINDOW)
+    return get_eager(name)(_pool(), MAX_BS) if name != "flashattention" else get_eager(name)(_pool(), MAX_BS, 1)
 
 
 def _pool() -> torch.Tensor:
@@ -128,8 +139,7 @@ def check_batch(name: str, fb) -> None:
         clean = padded(ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=torch.as_tensor(rows).reshape(-1)[:bs]
                                     .long(), seq_lens=torch.as_tensor(seq).reshape(-1)[:bs].int(),
                                     seq_lens_cpu=torch.as_tensor(seq).reshape(-1)[:bs].int()), bs)
-        twin = get_eager(name)(_pool(), MAX_BS) if name != "flashattention" else get_eager(name)(_pool(), MAX_BS, 1)
-        assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(clean), clean.seq_lens_cpu, 1)
+        assert_metadata_equal(be.forward_metadata, _twin(name).init_forward_metadata(clean), clean.seq_lens_cpu, 1)
         want = eval_graph(_compiled()[name].plan(ForwardMode.DECODE, bs).graph, _interp_inputs(clean, bs))
         for field, w in want.items():
             if isinstance(w, torch.Tensor) and not field.endswith(("kv_indices", "page_table")):
@@ -199,8 +209,7 @@ def check_engine(name: str, steps) -> None:
         COUNT["accepted"] += 1
         clean = padded(ForwardBatch(ForwardMode.DECODE, n, req_pool_indices=rows, seq_lens=seq.int(),
                                     seq_lens_cpu=seq.int()), bs)
-        twin = get_eager(name)(_pool(), MAX_BS) if name != "flashattention" else get_eager(name)(_pool(), MAX_BS, 1)
-        assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(clean), clean.seq_lens_cpu, 1)
+        assert_metadata_equal(be.forward_metadata, _twin(name).init_forward_metadata(clean), clean.seq_lens_cpu, 1)
     assert not pending, (name, "the last bad value was never raised", steps)
 
 
@@ -280,9 +289,9 @@ def run(profile: str) -> int:
     n = PROFILES[profile]
     cfg = settings(max_examples=n, deadline=None, database=None, derandomize=profile == "fast",
                    suppress_health_check=list(HealthCheck))
-    for name in ("triton", "flashinfer", "flashattention"):
+    for name in KINDS:
         cfg(given(st.just(name), batches())(check_batch))()
-    for name in ("triton", "flashinfer", "flashattention"):
+    for name in KINDS:
         settings(cfg, max_examples=max(n // 20, 20))(given(st.just(name), ENGINE_STEPS)(check_engine))()
     cfg(given(IR_EDITS)(check_ir))()
     cfg(given(SPEC_ARGS)(check_spec))()
