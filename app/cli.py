@@ -335,7 +335,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--num-heads", type=int, default=32, help="query heads of the model (triton's split heuristic)")
     c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
     c.add_argument("--sliding-window", type=int, default=0,
-                   help="tokens the model's sliding-window layers read (0: none; triton decode)")
+                   help="tokens the model's sliding-window layers read (0: none; triton)")
     c.add_argument("--window-pool", action="store_true",
                    help="the window layers' KV lives in a pool of its own, reached through a full-to-window slot "
                         "table (SGLang's SWAKVPool)")

@@ -29,42 +29,49 @@ class EagerTritonDecode:
         if fb.forward_mode.is_draft_extend():  # keys: the tokens before the extension
             kv = (seq - fb.extend_seq_lens[:bs]).clamp(min=0).to(torch.int32)
             indptr = torch.nn.functional.pad(torch.cumsum(kv, 0, dtype=torch.int32), (1, 0))
-            total = int((fb.seq_lens_cpu[:bs] - fb.extend_seq_lens_cpu[:bs]).clamp(min=0).sum())
-            return SimpleNamespace(
+            keys = (fb.seq_lens_cpu[:bs] - fb.extend_seq_lens_cpu[:bs]).clamp(min=0)
+            total = int(keys.sum())
+            return self.window_of(fb, keys, SimpleNamespace(
                 qo_indptr=torch.arange(0, (bs + 1) * self.D, self.D, dtype=torch.int32, device=seq.device),
                 kv_indptr=indptr, max_extend_len=self.D,
-                kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], kv, indptr, total))
+                kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], kv, indptr, total)))
         self.kv_indptr[1 : bs + 1] = torch.cumsum(seq, 0)
         kv_indptr = self.kv_indptr[: bs + 1]
         total = int(fb.seq_lens_cpu[:bs].sum())
         kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total)
         if fb.forward_mode.is_target_verify():  # kv over the prefix only; the drafts' K/V come separately
             D = self.D
-            return SimpleNamespace(
+            return self.window_of(fb, fb.seq_lens_cpu[:bs], SimpleNamespace(
                 qo_indptr=torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=seq.device),
                 kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=D,
-                mask_indptr=torch.nn.functional.pad(torch.cumsum((seq + D) * D, 0, dtype=torch.int32), (1, 0)))
+                mask_indptr=torch.nn.functional.pad(torch.cumsum((seq + D) * D, 0, dtype=torch.int32), (1, 0))))
         splits, uneven = self.splits(seq)
         out = SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices, uneven_batch=uneven, num_kv_splits=splits,
                               max_kv_splits=self.max_kv_splits)
-        if self.window:
-            self.decode_window(fb, out)
-        return out
+        return self.window_of(fb, fb.seq_lens_cpu[:bs], out)
 
-    def decode_window(self, fb, out: SimpleNamespace) -> None:
-        """The window layers' fields, request by request: the last min(seq, W) slots of each row (translated to
-        the window pool's slots where it has one, and the step's write slots with them)."""
+    def window_of(self, fb, keys: torch.Tensor, out: SimpleNamespace) -> SimpleNamespace:
+        """``out`` with the window layers' fields (when there is a window), request by request: of each row's
+        ``keys`` cached tokens the last min(keys, W) slots (translated to the window pool's where it has one, and
+        the step's write slots with them); decode's split counts over them, or verify's and draft extend's
+        first window column per request."""
+        if not self.window:
+            return out
         bs = fb.batch_size
-        rows, seqs = fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist()
-        parts = [self.req_to_token[r, s - min(s, self.window): s].long() for r, s in zip(rows, seqs, strict=True)]
+        rows, ends = fb.req_pool_indices[:bs].tolist(), [int(k) for k in keys]
+        parts = [self.req_to_token[r, e - min(e, self.window): e].long() for r, e in zip(rows, ends, strict=True)]
         lens = torch.tensor([p.numel() for p in parts], dtype=torch.int32)
         out.window_kv_indptr = torch.cat([lens.new_zeros(1), lens.cumsum(0)]).to(torch.int32)
         idx = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
         if self.full_to_swa is not None:
             idx = self.full_to_swa[idx]
-            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[:bs].long()]
+            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc.long()]
         out.window_kv_indices = idx
-        out.window_num_kv_splits = self.splits(lens.to(fb.seq_lens.device))[0]
+        if fb.forward_mode.is_decode_or_idle():
+            out.window_num_kv_splits = self.splits(lens.to(fb.seq_lens.device))[0]
+        else:
+            out.window_kv_offsets = torch.tensor(ends, dtype=torch.int32) - lens
+        return out
 
     def splits(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(num_kv_splits, uneven_batch) of the engine's heuristic over the lengths ``seq``."""

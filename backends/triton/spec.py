@@ -72,41 +72,47 @@ def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions, prefix: str
                    name=f"{prefix}num_kv_splits"), uneven
 
 
-def window(b: SpecBuilder, seq_lens, rpi, req_to_token, options: CompileOptions) -> dict:
+def window(b: SpecBuilder, keys, rpi, req_to_token, options: CompileOptions, tokens: str = "bs") -> dict:
     """The window layers' metadata (``options.sliding_window`` = SW > 0), as the engine builds it beside the
-    full layers': each request's last ``min(seq, SW)`` tokens (``window_kv_indptr``, ``window_kv_indices``; the
-    window pool's slots when ``window_pool``, translated from the full pool's through its ``full_to_swa``
-    table, with the step's own write slots ``swa_out_cache_loc``), and their split counts by the same heuristic
-    over the window lengths."""
+    full layers': of each request's ``keys`` cached tokens the last ``min(keys, SW)`` (``window_kv_indptr``,
+    ``window_kv_indices``; the window pool's slots when ``window_pool``, translated from the full pool's through
+    its ``full_to_swa`` table, with the step's ``tokens`` write slots ``swa_out_cache_loc``). Decode adds their
+    split counts (the same heuristic over the window lengths); verify and draft extend, whose queries extend past
+    the keys, the window's first column per request (``window_kv_offsets``: where the tree mask's window
+    columns start)."""
     out = {}
     with b.in_graph():
-        lens = b.ewise("min", seq_lens, options.sliding_window, name="window_kv_lens")
+        lens = b.ewise("min", keys, options.sliding_window, name="window_kv_lens")
         out["window_kv_indptr"] = indptr = b.cumsum(lens, name="window_kv_indptr")
-        start = b.ewise("sub", seq_lens, lens)  # the window's first column: entries j read column start + j
+        start = b.ewise("sub", keys, lens)  # the window's first column: entries j read column start + j
         idx = b.ragged_gather(req_to_token, rpi, lens, indptr, capacity="max_bs*SW",
                               jump=(b.full(0, ["bs"], I32), start),
                               name="window_kv_full" if options.window_pool else "window_kv_indices")
         if options.window_pool:
             full_to_swa = b.pool("full_to_swa", I64, ["N"])
-            out_loc = b.input("out_cache_loc", I64, ["bs"], fill=0, kind=Kind.slot)
+            out_loc = b.input("out_cache_loc", I64, [tokens], fill=0, kind=Kind.slot)
             idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
             out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
         out["window_kv_indices"] = idx
-        out["window_num_kv_splits"] = num_kv_splits(b, lens, options, prefix="window_")[0]
+        if tokens == "bs":
+            out["window_num_kv_splits"] = num_kv_splits(b, lens, options, prefix="window_")[0]
+        else:
+            out["window_kv_offsets"] = b.copy(start, name="window_kv_offsets")
     return out
+
+
+def windowed(ragged: dict, win: dict) -> dict:
+    """The outputs' ragged map with the window's indices (when there is a window)."""
+    return ragged | ({"window_kv_indices": "window_kv_indptr"} if win else {})
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     b = SpecBuilder(f"triton.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b)
-    if options.sliding_window and not mode.is_decode_or_idle():
-        raise OptionsError(f"triton's {mode.name} metadata for sliding-window layers is not built yet (decode and "
-                           "idle are): serve EAGLE on a sliding-window model with the engine's own backend, or "
-                           "compile without --sliding-window")
     if mode.is_target_verify():
-        return verify(b, options.num_draft_tokens, seq_lens, rpi, req_to_token)
+        return verify(b, options.num_draft_tokens, seq_lens, rpi, req_to_token, options)
     if mode.is_draft_extend():
-        return draft_extend(b, options.num_draft_tokens, seq_lens, rpi, req_to_token)
+        return draft_extend(b, options.num_draft_tokens, seq_lens, rpi, req_to_token, options)
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -114,13 +120,12 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     win = window(b, seq_lens, rpi, req_to_token, options) if options.sliding_window else {}
     with b.out_graph():
         max_splits = b.full(options.of(TritonOptions).max_kv_splits, [], I32, Placement.host, name="max_kv_splits")
-    ragged = {"kv_indices": "kv_indptr"} | ({"window_kv_indices": "window_kv_indptr"} if win else {})
     b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, uneven_batch=uneven,
-              max_kv_splits=max_splits, ragged=ragged, **win)
+              max_kv_splits=max_splits, ragged=windowed({"kv_indices": "kv_indptr"}, win), **win)
     return b.build()
 
 
-def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token) -> Graph:
+def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token, options: CompileOptions) -> Graph:
     """Target verify: D draft tokens per request attend to the prefix (the draft K/V are passed
     separately); request i's tree-mask rows start at mask_indptr[i] = sum_j<i D*(seq_j + D). The
     mask itself is written by the drafter into the engine's buffer, as engines do."""
@@ -130,15 +135,16 @@ def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token) -> Graph:
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         mask_indptr = b.cumsum(b.ewise("mul", b.ewise("add", seq_lens, D), D), name="mask_indptr")
         custom_mask = verify_mask(b, D)
+    win = window(b, seq_lens, rpi, req_to_token, options, f"{D}*bs") if options.sliding_window else {}
     with b.out_graph():
         max_extend = b.full(D, [], I32, Placement.host, name="max_extend_len")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
-              custom_mask=custom_mask,
-              max_extend_len=max_extend, ragged={"kv_indices": "kv_indptr"})
+              custom_mask=custom_mask, max_extend_len=max_extend,
+              ragged=windowed({"kv_indices": "kv_indptr"}, win), **win)
     return b.build()
 
 
-def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token) -> Graph:
+def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token, options: CompileOptions) -> Graph:
     """Draft extend: T query slots per request (a fixed stride, so the graph is static), keys over
     the tokens before the extension: kv_len = max(seq_lens - extend_seq_lens, 0)."""
     ext = extend_lens(b)
@@ -147,10 +153,11 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token) -> Graph:
         qo_indptr = b.arange("bs + 1", step=T, name="qo_indptr")
         kv_indptr = b.cumsum(kv_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, kv_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
+    win = window(b, kv_lens, rpi, req_to_token, options, f"{T}*bs") if options.sliding_window else {}
     with b.out_graph():
         max_extend = b.full(T, [], I32, Placement.host, name="max_extend_len")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=max_extend,
-              ragged={"kv_indices": "kv_indptr"})
+              ragged=windowed({"kv_indices": "kv_indptr"}, win), **win)
     return b.build()
 
 

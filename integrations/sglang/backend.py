@@ -50,10 +50,7 @@ class TritonBackend(CompiledModes, _SGLangTriton):
         self._eager_scratch: dict = {}
 
     def unserved(self) -> list[str]:
-        window = bool(self.sliding_window_size and self.sliding_window_size > 0)
         checks = ((self.use_mla, "MLA models"),
-                  (window and bool(self.num_draft_tokens), "EAGLE's verify and draft extend on sliding-window "
-                                                                "layers (plain decoding is served)"),
                   (self.use_sliding_window_kv_pool and self.token_to_kv_pool.full_to_swa_index_mapping is None,
                    "a sliding-window pool without its full-to-window slot table"),
                   (self.dcp_size > 1, "decode context parallelism"), (self.dllm_block_size is not None,
@@ -80,6 +77,10 @@ class TritonBackend(CompiledModes, _SGLangTriton):
                                    qo_indptr=None, custom_mask=None, mask_indptr=None, lean_Mp=mp, lean_Lp=lp,
                                    lean_Op=op, lean_locks=locks, uneven_batch=m.uneven_batch.view(1), **none)
         verify = v.forward_mode.is_target_verify()
+        if self.attnmeta.compiled.options.sliding_window:  # the window over the cached keys, and its first column
+            none = dict(window_kv_indptr=m.window_kv_indptr, window_kv_indices=m.window_kv_indices,
+                        window_num_kv_splits=None, window_kv_offsets=m.window_kv_offsets,
+                        swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
         return ForwardMetadata(attn_logits=None, attn_lse=None, max_extend_len=int(m.max_extend_len),
                                num_kv_splits=None, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
                                qo_indptr=m.qo_indptr, custom_mask=None, mask_indptr=m.mask_indptr if verify else None,

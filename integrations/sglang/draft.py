@@ -63,7 +63,8 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
         c = self.attn_backends[0]
         if self.window_rail or c.use_sliding_window_kv_pool or self.draft_window_size > 0:
             raise OptionsError("attnmeta's multistep_triton does not plan a draft window or sliding-window layers; "
-                               "serve this draft with SGLang's own triton backend")
+                               "serve this draft with SGLang's own triton drafter (--speculative-draft-attention-"
+                               "backend triton); attnmeta_triton still serves the target's decode and verify")
         static = c.static_kv_splits or c.device_core_count <= 0
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=c.num_head, num_kv_heads=c.num_kv_head,

@@ -163,6 +163,10 @@ class Server:
         d = object.__new__(ModelRunner)
         d.__dict__.update(self.runner.__dict__)
         d.is_draft_worker = True
+        from sglang.srt.model_executor.model_runner import resolve_draft_attention_backend
+
+        # its backend as SGLang's runner resolves it: --speculative-draft-attention-backend, else the target's
+        d.draft_attention_backend = resolve_draft_attention_backend(draft_attention_backend=None, is_draft_worker=True)
         d.init_kv_index_translator()
         return d
 

@@ -126,6 +126,68 @@ def test_an_artifact_for_another_window_is_refused_by_name():
         TritonBackend(server.runner, compiled=other)
 
 
-def test_eagle_on_a_window_model_is_refused_by_name():
-    with pytest.raises(OptionsError, match="EAGLE's verify and draft extend on sliding-window layers"):
-        Server(["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE"], window=W)
+EAGLE = ["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE"]
+SPEC_FIELDS = ("kv_indptr", "kv_indices", "qo_indptr", "mask_indptr", "max_extend_len", "window_kv_indptr",
+               "window_kv_indices", "window_kv_offsets", "swa_out_cache_loc")
+
+
+def test_attnmetas_drafter_refuses_a_window_and_names_the_flag():
+    with pytest.raises(OptionsError, match="--speculative-draft-attention-backend triton"):
+        Server(EAGLE, window=W)
+
+
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+def test_eagle_verify_and_draft_extend_windows_equal_sglangs_own(window_pool):
+    """EAGLE on a window model as docs/SGLANG.md says to serve it: attnmeta_triton the target (decode, verify),
+    SGLang's own triton drafter. The target's verify, and attnmeta_triton's draft extend built on the draft
+    runner as SGLang's factory builds a draft extend backend, against SGLang's own triton on the same runners:
+    eager and replayed, window fields, offsets and the window write slots of every draft token."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from tests.integrations.sglang_server import draft_extend, draft_extend_view, verify
+
+    server = Server([*EAGLE, "--speculative-draft-attention-backend", "triton", "--page-size", "16"], seed=5,
+                    window=W, window_pool=window_pool)
+    D = server.spec.speculative_num_draft_tokens
+    with server.active():
+        ext_mine = ATTENTION_BACKENDS["attnmeta_triton"](server.draft_runner)
+    pairs = {"verify": (Runners(server, server.backend, "t", D), Runners(server, server.own("triton"), "t", D)),
+             "extend": (Runners(server, ext_mine, "e", D), Runners(server, server.own("triton", server.draft_runner),
+                                                                   "e", D))}
+    makers = {"verify": lambda rows, seq, seed: verify(server, rows, seq, random.Random(seed)),
+              "extend": lambda rows, seq, seed: draft_extend(server, rows, seq)}
+    with server.active():
+        for key, pair in pairs.items():
+            for r in pair:
+                r.capture(lambda bs, r=r, key=key: makers[key]([0] * bs, [r.fill if key == "verify" else 1] * bs, bs),
+                          key)
+    rng, L = random.Random(9), server.model_config.context_len
+    for step in range(16):
+        key, replayed = ("verify", "extend")[step % 2], step % 4 < 2
+        n = rng.randint(1, max(server.sizes))
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - D)
+        loc = torch.tensor(rng.sample(range(1, server.slots), n * D))
+        mine, sglangs = pairs[key]
+        with server.active():
+            for r in pairs[key]:
+                fb = writing(server, makers[key](rows, seq, step), loc)
+                if replayed:
+                    bs = r.bucket(n)
+                    view = decode_view(fb, bs, r.fill, D) if key == "verify" else draft_extend_view(fb, bs, r.fill, D)
+                    r.replay(fb, key, view)
+                else:
+                    r.backend.init_forward_metadata(fb)
+        theirs_m = sglangs.backend.forward_metadata
+        if replayed:
+            b = sglangs.backend
+            theirs_m = b._build_cuda_graph_forward_metadata(sglangs.bucket(n), fb.forward_mode, fb.spec_info)
+            if window_pool:
+                theirs_m.swa_out_cache_loc = b.cuda_graph_swa_out_cache_loc[: n * D]
+        for f in SPEC_FIELDS:
+            a, b = rows_read(mine.backend.forward_metadata, theirs_m, f, n)
+            if f == "swa_out_cache_loc" and b is not None:
+                a, b = getattr(mine.backend.forward_metadata, f)[: n * D], getattr(theirs_m, f)[: n * D]
+            if not isinstance(b, torch.Tensor):
+                assert a == b, (key, step, f, a, b)
+                continue
+            assert torch.equal(a.long(), b.long()), (key, step, replayed, f, a[:8].tolist(), b[:8].tolist())

@@ -13,6 +13,7 @@ from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import capture, make_pool
 from tests.engine import padded_inputs
+from tests.oracles import assert_metadata_equal
 
 L, ROWS, MAX_BS, SIZES, W = 128, 20, 8, (1, 4, 8), 24
 WINDOW_FIELDS = ("window_kv_indptr", "window_num_kv_splits")
@@ -116,11 +117,80 @@ def test_window_by_hand():
     assert m.kv_indptr[:3].tolist() == [0, 6, 8]  # the full layers still read everything
 
 
+def spec_batch(mode: ForwardMode, bs: int, seed: int, slots: int) -> ForwardBatch:
+    """A verify or draft-extend batch: lengths around the window's edge (verify's D drafts still fit in L),
+    D write slots per request, and for draft extend 1..D accepted tokens per request."""
+    fb = batch(bs, seed, slots)
+    g = torch.Generator().manual_seed(seed + 1)
+    seq = fb.seq_lens.clamp(max=L - D)
+    ext = torch.minimum(torch.randint(1, D + 1, (bs,), generator=g, dtype=torch.int32), seq)
+    return ForwardBatch(mode, bs, req_pool_indices=fb.req_pool_indices, req_pool_indices_cpu=fb.req_pool_indices,
+                        seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()),
+                        out_cache_loc=torch.randint(1, slots, (bs * D,), generator=g),
+                        extend_seq_lens=ext, extend_seq_lens_cpu=ext)
+
+
+def spec_padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
+    """As the captured graph sees it: padded rows read row 0 at length 1, extend by 1, write slot 0."""
+    raw, pad = fb.batch_size, bs - fb.batch_size
+
+    def cat(x, fill, dtype, per=1):
+        return torch.cat([x.to(dtype), torch.full((pad * per,), fill, dtype=dtype)])
+
+    seq, ext = cat(fb.seq_lens, 1, torch.int32), cat(fb.extend_seq_lens, 1, torch.int32)
+    assert raw == fb.seq_lens.numel()
+    return ForwardBatch(fb.forward_mode, bs, req_pool_indices=cat(fb.req_pool_indices, 0, torch.int64),
+                        seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()), extend_seq_lens=ext,
+                        extend_seq_lens_cpu=ext, out_cache_loc=cat(fb.out_cache_loc, 0, torch.int64, D))
+
+
+D = 3
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND], ids=["verify", "extend"])
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+def test_window_fields_of_verify_and_draft_extend(mode, window_pool):
+    """The window over the cached keys (verify: the prefix; draft extend: the tokens before the extension), its
+    first column per request (``window_kv_offsets``), and the D write slots per request translated."""
+    cb = compile_backend("triton", CompileOptions(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L,
+                                                  sliding_window=W, window_pool=window_pool, num_draft_tokens=D,
+                                                  modes=(mode.name.lower(),)))
+    pool, slots = make_pool(ROWS, L, seed=5), ROWS * L + 1
+    f2s = torch.randperm(slots, generator=torch.Generator().manual_seed(6)) if window_pool else None
+    twin = get_eager("triton")(pool, MAX_BS, draft_tokens=D, sliding_window=W, full_to_swa=f2s)
+    for bs in SIZES:
+        be = cb.instantiate(pool, pools={"full_to_swa": f2s} if window_pool else None)
+        g = capture(be, spec_batch(mode, bs, bs, slots))
+        for seed, raw in [(31, bs), (32, max(bs - 1, 1))]:
+            fb = spec_batch(mode, raw, seed, slots)
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            g.replay()
+            full = spec_padded(fb, bs)
+            assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), full.seq_lens_cpu)
+            want = twin.init_forward_metadata(full)
+            assert set(vars(want)) >= {"window_kv_indptr", "window_kv_indices", "window_kv_offsets"}
+            assert ("swa_out_cache_loc" in vars(want)) is window_pool
+
+
+def test_window_offsets_by_hand():
+    """Verify with W = 4, D = 2: a prefix of 6 reads columns 2..5 (offset 2); one of 3 reads 0..2 (offset 0)."""
+    pool = torch.zeros(4, 16, dtype=torch.int32)
+    pool[1, :6] = torch.tensor([11, 12, 13, 14, 15, 16])
+    pool[2, :3] = torch.tensor([21, 22, 23])
+    cb = compile_backend("triton", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=16, sliding_window=4,
+                                                  num_draft_tokens=2, modes=("target_verify",)))
+    be = cb.instantiate(pool)
+    seq, rpi = torch.tensor([6, 3], dtype=torch.int32), torch.tensor([1, 2])
+    be.init_forward_metadata(ForwardBatch(ForwardMode.TARGET_VERIFY, 2, req_pool_indices=rpi,
+                                          req_pool_indices_cpu=rpi, seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=9))
+    m = be.forward_metadata
+    assert m.window_kv_indptr[:3].tolist() == [0, 4, 7]
+    assert m.window_kv_indices[:7].tolist() == [13, 14, 15, 16, 21, 22, 23]
+    assert m.window_kv_offsets[:2].tolist() == [2, 0]
+
+
 def test_window_options_are_checked():
     with pytest.raises(OptionsError, match="sliding_window must be an int >= 0"):
         CompileOptions(sliding_window=-1)
     with pytest.raises(OptionsError, match="needs a window"):
         CompileOptions(window_pool=True)
-    with pytest.raises(OptionsError, match="TARGET_VERIFY metadata for sliding-window layers is not built yet"):
-        compile_backend("triton", CompileOptions(max_bs=2, sliding_window=8, max_context_len=64,
-                                                 modes=("decode", "target_verify")))
