@@ -49,6 +49,35 @@ def capture(backend, fb):
     return g
 
 
+def capture_on_cuda(be, bs: int, L: int, rows: int, mode, per: int, dev):
+    """A plan of ``bs`` rows captured on a real CUDA graph as a runner captures it: a short batch (``per`` write
+    slots per request, one accepted token each), out_graph at capture, one warm-up in_graph (Triton compiles
+    before the capture), then in_graph recorded."""
+    from attnmeta.runtime import CudaGraph
+
+    cap = make_batch(bs, L, rows, seed=bs, max_len=4, mode=mode, device=dev)
+    cap.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
+    cap.extend_seq_lens_cpu = torch.ones(bs, dtype=torch.int32)
+    cap.extend_seq_lens = cap.extend_seq_lens_cpu.to(dev)
+    be.init_forward_metadata_out_graph(cap, in_capture=True)
+    be.init_forward_metadata_in_graph(cap)
+    torch.cuda.synchronize()
+    g = CudaGraph()
+    with g.capture():
+        be.init_forward_metadata_in_graph(cap)
+    return g
+
+
+def spec_step(raw: int, L: int, rows: int, seed: int, mode, per: int, slots: int, D: int, dev) -> ForwardBatch:
+    """A live batch for a captured plan: lengths up to L - D, ``per`` random write slots below ``slots`` per
+    request, and 1..D accepted tokens per request (never more than its length)."""
+    fb = make_batch(raw, L, rows, seed=seed, mode=mode, device=dev, max_len=L - D)
+    fb.out_cache_loc = torch.randint(0, slots, (raw * per,), device=dev)
+    fb.extend_seq_lens_cpu = torch.minimum(torch.randint(1, D + 1, (raw,), dtype=torch.int32), fb.seq_lens_cpu)
+    fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(dev)
+    return fb
+
+
 def dsv4_special_lengths(L: int, D: int) -> list[int]:
     """Lengths DSV4's fields turn on: 1, multiples of 4/64/128/256 and one either side, the longest."""
     return sorted({1, 2, L - D, L - D - 1} | {m * k + d for m in (4, 64, 128, 256) for k in (1, 2, 4)

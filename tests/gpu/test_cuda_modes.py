@@ -9,7 +9,7 @@ from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import CudaGraph, ReplayView
-from tests.batches import make_batch, make_pool
+from tests.batches import capture_on_cuda, make_batch, make_pool, spec_step
 from tests.oracles import assert_metadata_equal, padded
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -37,21 +37,9 @@ def test_capture_replay_on_cuda(name, mode, ratios):
             if name == "dsv4" else cls(pool, MAX_BS, draft_tokens=D))  # verify/draft extend: the speculative rings
     per = D if name == "dsv4" and mode is not DEC else 1  # DSV4 verify/draft extend: a KV slot per token
     for bs in (32, 8):
-        cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
-        cap.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
-        cap.extend_seq_lens_cpu = torch.ones(bs, dtype=torch.int32)
-        cap.extend_seq_lens = cap.extend_seq_lens_cpu.to(dev)
-        be.init_forward_metadata_out_graph(cap, in_capture=True)
-        be.init_forward_metadata_in_graph(cap)  # warm-up: compile Triton before capture
-        torch.cuda.synchronize()
-        g = CudaGraph()
-        with g.capture():
-            be.init_forward_metadata_in_graph(cap)
+        g = capture_on_cuda(be, bs, L, ROWS, mode, per, dev)
         for seed, raw in [(3, bs), (4, bs - 3)]:
-            fb = make_batch(raw, L, ROWS, seed=seed, mode=mode, device=dev, max_len=L - D)
-            fb.out_cache_loc = torch.randint(0, ROWS * L, (raw * per,), device=dev)
-            fb.extend_seq_lens_cpu = torch.minimum(torch.randint(1, D + 1, (raw,), dtype=torch.int32), fb.seq_lens_cpu)
-            fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(dev)
+            fb = spec_step(raw, L, ROWS, seed, mode, per, ROWS * L, D, dev)
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
             torch.cuda.synchronize()

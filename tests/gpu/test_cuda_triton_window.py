@@ -7,8 +7,8 @@ import torch
 
 from attnmeta.backends import get_eager
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.runtime import CudaGraph, ReplayView
-from tests.batches import make_batch, make_pool
+from attnmeta.runtime import ReplayView
+from tests.batches import capture_on_cuda, make_pool, spec_step
 from tests.oracles import assert_metadata_equal, padded
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -30,21 +30,9 @@ def test_window_capture_replay_on_cuda(mode, window_pool):
     twin = get_eager("triton")(pool, MAX_BS, draft_tokens=D, sliding_window=W, full_to_swa=f2s)
     per = 1 if mode is ForwardMode.DECODE else D  # write slots per request
     for bs in (32, 8):
-        cap = make_batch(bs, L, ROWS, seed=bs, max_len=4, mode=mode, device=dev)
-        cap.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
-        cap.extend_seq_lens_cpu = torch.ones(bs, dtype=torch.int32)
-        cap.extend_seq_lens = cap.extend_seq_lens_cpu.to(dev)
-        be.init_forward_metadata_out_graph(cap, in_capture=True)
-        be.init_forward_metadata_in_graph(cap)  # warm-up: compile Triton before capture
-        torch.cuda.synchronize()
-        g = CudaGraph()
-        with g.capture():
-            be.init_forward_metadata_in_graph(cap)
+        g = capture_on_cuda(be, bs, L, ROWS, mode, per, dev)
         for seed, raw in [(3, bs), (4, bs - 3)]:  # lengths past the window, and padding
-            fb = make_batch(raw, L, ROWS, seed=seed, mode=mode, device=dev, max_len=L - D)
-            fb.out_cache_loc = torch.randint(1, slots, (raw * per,), device=dev)
-            fb.extend_seq_lens_cpu = torch.minimum(torch.randint(1, D + 1, (raw,), dtype=torch.int32), fb.seq_lens_cpu)
-            fb.extend_seq_lens = fb.extend_seq_lens_cpu.to(dev)
+            fb = spec_step(raw, L, ROWS, seed, mode, per, slots, D, dev)
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
             torch.cuda.synchronize()
