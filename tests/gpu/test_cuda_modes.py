@@ -8,7 +8,7 @@ from attnmeta.backends import get_eager
 from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.backends.dsv4.spec import DSV4Options
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.runtime import CudaGraph, ReplayView
+from attnmeta.runtime import ReplayView
 from tests.batches import capture_on_cuda, make_batch, make_pool, spec_step
 from tests.oracles import assert_metadata_equal, padded
 
@@ -69,13 +69,7 @@ def test_multistep_on_cuda(inner, topk, page):
     cb = compile_backend(name, opts)
     be = cb.instantiate(pool, device=dev)
     twin = get_eager(name)(pool, MAX_BS, num_steps=3, topk=topk, page_size=page)
-    cap = make_batch(16, L, ROWS, seed=1, max_len=4, device=dev)
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    be.init_forward_metadata_in_graph(cap)
-    torch.cuda.synchronize()
-    g = CudaGraph()
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture_on_cuda(be, 16, L, ROWS, DEC, 1, dev)
     for seed, raw in [(5, 16), (6, 11)]:
         fb = make_batch(raw, L, ROWS, seed=seed, device=dev, max_len=L - cb.spec.headroom(DEC, opts))
         be.init_forward_metadata_out_graph(ReplayView.of(fb, 16))
