@@ -63,28 +63,32 @@ class TritonBackend(CompiledModes, _SGLangTriton):
     def _shape(self, m, v):
         from sglang.srt.layers.attention.triton_backend import ForwardMetadata
 
-        none = dict(window_kv_indptr=None, window_kv_indices=None, window_num_kv_splits=None,
-                    window_kv_offsets=None)
+        window = self._window(m, v.forward_mode.is_decode_or_idle())
         if v.forward_mode.is_decode_or_idle():
             logits, lse, mp, lp, op, locks = split_scratch(self, self.attnmeta.max_bs, self._eager_scratch)
-            if self.attnmeta.compiled.options.sliding_window:  # the window layers' fields, from the same kernel
-                none = dict(window_kv_indptr=m.window_kv_indptr, window_kv_indices=m.window_kv_indices,
-                            window_num_kv_splits=m.window_num_kv_splits, window_kv_offsets=None,
-                            swa_attn_logits=swa_scratch(self, self.attnmeta.max_bs, self._eager_scratch),
-                            swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
             return ForwardMetadata(attn_logits=logits, attn_lse=lse, max_extend_len=None,
                                    num_kv_splits=m.num_kv_splits, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
                                    qo_indptr=None, custom_mask=None, mask_indptr=None, lean_Mp=mp, lean_Lp=lp,
-                                   lean_Op=op, lean_locks=locks, uneven_batch=m.uneven_batch.view(1), **none)
+                                   lean_Op=op, lean_locks=locks, uneven_batch=m.uneven_batch.view(1), **window)
         verify = v.forward_mode.is_target_verify()
-        if self.attnmeta.compiled.options.sliding_window:  # the window over the cached keys, and its first column
-            none = dict(window_kv_indptr=m.window_kv_indptr, window_kv_indices=m.window_kv_indices,
-                        window_num_kv_splits=None, window_kv_offsets=m.window_kv_offsets,
-                        swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
         return ForwardMetadata(attn_logits=None, attn_lse=None, max_extend_len=int(m.max_extend_len),
                                num_kv_splits=None, kv_indptr=m.kv_indptr, kv_indices=m.kv_indices,
                                qo_indptr=m.qo_indptr, custom_mask=None, mask_indptr=m.mask_indptr if verify else None,
-                               **none)
+                               **window)
+
+    def _window(self, m, decode: bool) -> dict:
+        """The window layers' fields of SGLang's ``ForwardMetadata`` over the bound plan ``m`` (from the same kernel
+        as the full layers'): all None without a window; decode's split counts (and SGLang's own logits scratch
+        for window heads of another value width), or verify's and draft extend's first window columns."""
+        if not self.attnmeta.compiled.options.sliding_window:
+            return dict(window_kv_indptr=None, window_kv_indices=None, window_num_kv_splits=None,
+                        window_kv_offsets=None)
+        out = dict(window_kv_indptr=m.window_kv_indptr, window_kv_indices=m.window_kv_indices,
+                   swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
+        if decode:
+            return out | dict(window_num_kv_splits=m.window_num_kv_splits, window_kv_offsets=None,
+                              swa_attn_logits=swa_scratch(self, self.attnmeta.max_bs, self._eager_scratch))
+        return out | dict(window_num_kv_splits=None, window_kv_offsets=m.window_kv_offsets)
 
     def _per_step(self, meta, m, v, in_capture: bool) -> None:
         if v.forward_mode.is_target_verify():
