@@ -7,18 +7,19 @@ import torch
 from attnmeta.runtime import ForwardBatch, ForwardMode
 
 
-def padded(fb: ForwardBatch, bs: int, mode: ForwardMode = ForwardMode.DECODE) -> ForwardBatch:
+def padded(fb: ForwardBatch, bs: int, mode: ForwardMode = ForwardMode.DECODE, per: int = 1) -> ForwardBatch:
     """The batch a graph of size ``bs`` computes on: the live rows, then rows of the specs' fill
-    values (sequence length 1, pool row 0, KV slot 0). IDLE has no live rows."""
+    values (sequence length 1, pool row 0, KV slot 0). IDLE has no live rows. ``per``: write slots
+    (``out_cache_loc`` entries) per request (verify and draft extend write one per draft token)."""
     raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
     dev = fb.seq_lens.device if fb.seq_lens is not None else torch.device("cpu")
     seq, rpi = torch.ones(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64)
-    loc = torch.zeros(bs, dtype=torch.int64)
+    loc = torch.zeros(bs * per, dtype=torch.int64)
     ext = torch.ones(bs, dtype=torch.int32)
     if raw:
         seq[:raw], rpi[:raw] = fb.seq_lens_cpu[:raw], fb.req_pool_indices[:raw].cpu()
         if fb.out_cache_loc is not None:
-            loc[:raw] = fb.out_cache_loc[:raw].cpu()
+            loc[: raw * per] = fb.out_cache_loc[: raw * per].cpu()
         if fb.extend_seq_lens_cpu is not None:
             ext[:raw] = fb.extend_seq_lens_cpu[:raw]
     return ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), seq_lens=seq.to(dev), seq_lens_cpu=seq,

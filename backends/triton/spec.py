@@ -79,12 +79,15 @@ def window(b: SpecBuilder, keys, rpi, req_to_token, options: CompileOptions, tok
     its ``full_to_swa`` table, with the step's ``tokens`` write slots ``swa_out_cache_loc``). Decode adds their
     split counts (the same heuristic over the window lengths); verify and draft extend, whose queries extend past
     the keys, the window's first column per request (``window_kv_offsets``: where the tree mask's window
-    columns start)."""
-    out = {}
+    columns start). Nothing without a window."""
+    if not options.sliding_window:
+        return {}
+    out, decode = {}, tokens == "bs"
     with b.in_graph():
         lens = b.ewise("min", keys, options.sliding_window, name="window_kv_lens")
         out["window_kv_indptr"] = indptr = b.cumsum(lens, name="window_kv_indptr")
-        start = b.ewise("sub", keys, lens)  # the window's first column: entries j read column start + j
+        # the window's first column: entries j read column start + j
+        start = b.ewise("sub", keys, lens, name=None if decode else "window_kv_offsets")
         idx = b.ragged_gather(req_to_token, rpi, lens, indptr, capacity="max_bs*SW",
                               jump=(b.full(0, ["bs"], I32), start),
                               name="window_kv_full" if options.window_pool else "window_kv_indices")
@@ -94,10 +97,10 @@ def window(b: SpecBuilder, keys, rpi, req_to_token, options: CompileOptions, tok
             idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
             out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
         out["window_kv_indices"] = idx
-        if tokens == "bs":
+        if decode:
             out["window_num_kv_splits"] = num_kv_splits(b, lens, options, prefix="window_")[0]
         else:
-            out["window_kv_offsets"] = b.copy(start, name="window_kv_offsets")
+            out["window_kv_offsets"] = start
     return out
 
 
@@ -117,7 +120,7 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         splits, uneven = num_kv_splits(b, seq_lens, options)
-    win = window(b, seq_lens, rpi, req_to_token, options) if options.sliding_window else {}
+    win = window(b, seq_lens, rpi, req_to_token, options)
     with b.out_graph():
         max_splits = b.full(options.of(TritonOptions).max_kv_splits, [], I32, Placement.host, name="max_kv_splits")
     b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, num_kv_splits=splits, uneven_batch=uneven,
@@ -135,7 +138,7 @@ def verify(b: SpecBuilder, D: int, seq_lens, rpi, req_to_token, options: Compile
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
         mask_indptr = b.cumsum(b.ewise("mul", b.ewise("add", seq_lens, D), D), name="mask_indptr")
         custom_mask = verify_mask(b, D)
-    win = window(b, seq_lens, rpi, req_to_token, options, f"{D}*bs") if options.sliding_window else {}
+    win = window(b, seq_lens, rpi, req_to_token, options, f"{D}*bs")
     with b.out_graph():
         max_extend = b.full(D, [], I32, Placement.host, name="max_extend_len")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
@@ -153,7 +156,7 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token, options: C
         qo_indptr = b.arange("bs + 1", step=T, name="qo_indptr")
         kv_indptr = b.cumsum(kv_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, kv_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
-    win = window(b, kv_lens, rpi, req_to_token, options, f"{T}*bs") if options.sliding_window else {}
+    win = window(b, kv_lens, rpi, req_to_token, options, f"{T}*bs")
     with b.out_graph():
         max_extend = b.full(T, [], I32, Placement.host, name="max_extend_len")
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=max_extend,

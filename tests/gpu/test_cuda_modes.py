@@ -43,9 +43,7 @@ def test_capture_replay_on_cuda(name, mode, ratios):
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
             torch.cuda.synchronize()
-            full = padded(fb, bs, mode)
-            full.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
-            full.out_cache_loc[: raw * per] = fb.out_cache_loc
+            full = padded(fb, bs, mode, per)
             lens = full.seq_lens_cpu + (D if name == "flashattention" and mode is V else 0)  # verify: + drafts
             if per > 1 and mode is V:  # per-token causal lengths
                 lens = (full.seq_lens_cpu[:, None] + 1 + torch.arange(D)).reshape(-1)

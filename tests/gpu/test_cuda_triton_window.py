@@ -36,9 +36,7 @@ def test_window_capture_replay_on_cuda(mode, window_pool):
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
             torch.cuda.synchronize()
-            full = padded(fb, bs, mode)
-            full.out_cache_loc = torch.zeros(bs * per, dtype=torch.int64, device=dev)
-            full.out_cache_loc[: raw * per] = fb.out_cache_loc
+            full = padded(fb, bs, mode, per)
             ref = twin.init_forward_metadata(full)
             assert "window_kv_indices" in vars(ref) and ("swa_out_cache_loc" in vars(ref)) is window_pool
             assert_metadata_equal(be.forward_metadata, ref, full.seq_lens_cpu)

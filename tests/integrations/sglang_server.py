@@ -135,7 +135,7 @@ class Server:
         r.token_to_kv_pool = MLATokenToKVPool(slots, P, r.kv_cache_dtype, mc.kv_lora_rank, mc.qk_rope_head_dim,
                                               mc.num_hidden_layers, dev, False) if r.use_mla_backend else \
             MHATokenToKVPool(slots, P, r.kv_cache_dtype, mc.get_num_kv_heads(tp), mc.head_dim, mc.num_hidden_layers,
-                             dev, False) if not self.window_pool else self._window_pool(slots, P, r.kv_cache_dtype)
+                             dev, False) if not self.window_pool else self._window_pool(slots, P, r.kv_cache_dtype, tp)
         r.token_to_kv_pool_allocator = (
             TokenToKVPoolAllocator(slots, r.kv_cache_dtype, dev, r.token_to_kv_pool, False) if P == 1 else
             PagedTokenToKVPoolAllocator(slots, P, r.kv_cache_dtype, dev, r.token_to_kv_pool, False))
@@ -143,14 +143,14 @@ class Server:
         fill_pool(r.req_to_token_pool.req_to_token, P, seed, slots)
         return r
 
-    def _window_pool(self, slots: int, P: int, dtype):
+    def _window_pool(self, slots: int, P: int, dtype, tp: int):
         """SGLang's two-pool layout for sliding-window models: layer 0's KV in a window pool of its own, the rest
         in the full pool, and the allocator's full-to-window slot table (here a seeded permutation of the window
         pool's slots, with SGLang's trailing -1) registered on the pool as SGLang's allocator registers it."""
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
         mc, layers = self.model_config, self.model_config.num_hidden_layers
-        pool = SWAKVPool(size=slots, size_swa=slots, page_size=P, dtype=dtype, head_num=mc.get_num_kv_heads(1),
+        pool = SWAKVPool(size=slots, size_swa=slots, page_size=P, dtype=dtype, head_num=mc.get_num_kv_heads(tp),
                          head_dim=mc.head_dim, swa_attention_layer_ids=[0], full_attention_layer_ids=list(
                              range(1, layers)), device=self.device)
         g = torch.Generator().manual_seed(slots)

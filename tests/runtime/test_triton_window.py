@@ -13,7 +13,7 @@ from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import capture, make_pool
 from tests.engine import padded_inputs
-from tests.oracles import assert_metadata_equal
+from tests.oracles import assert_metadata_equal, padded
 
 L, ROWS, MAX_BS, SIZES, W = 128, 20, 8, (1, 4, 8), 24
 WINDOW_FIELDS = ("window_kv_indptr", "window_num_kv_splits")
@@ -29,21 +29,6 @@ def batch(bs: int, seed: int, pool_slots: int) -> ForwardBatch:
     loc = torch.randint(1, pool_slots, (bs,), generator=g)
     return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi, req_pool_indices_cpu=rpi, seq_lens=seq,
                         seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()), out_cache_loc=loc)
-
-
-def padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
-    """The batch as the captured graph sees it: padded rows read request row 0 at length 1, write slot 0."""
-    raw = 0 if fb.forward_mode.is_idle() else fb.batch_size
-    pad = bs - raw
-
-    def cat(x, fill, dtype):
-        live = x[:raw] if x is not None else torch.zeros(0, dtype=dtype)
-        return torch.cat([live.to(dtype), torch.full((pad,), fill, dtype=dtype)])
-
-    seq = cat(fb.seq_lens, 1, torch.int32)
-    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=cat(fb.req_pool_indices, 0, torch.int64),
-                        seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()),
-                        out_cache_loc=cat(fb.out_cache_loc, 0, torch.int64))
 
 
 def check(cb, be, fb, bs, pool, f2s) -> None:
@@ -130,20 +115,6 @@ def spec_batch(mode: ForwardMode, bs: int, seed: int, slots: int) -> ForwardBatc
                         extend_seq_lens=ext, extend_seq_lens_cpu=ext)
 
 
-def spec_padded(fb: ForwardBatch, bs: int) -> ForwardBatch:
-    """As the captured graph sees it: padded rows read row 0 at length 1, extend by 1, write slot 0."""
-    raw, pad = fb.batch_size, bs - fb.batch_size
-
-    def cat(x, fill, dtype, per=1):
-        return torch.cat([x.to(dtype), torch.full((pad * per,), fill, dtype=dtype)])
-
-    seq, ext = cat(fb.seq_lens, 1, torch.int32), cat(fb.extend_seq_lens, 1, torch.int32)
-    assert raw == fb.seq_lens.numel()
-    return ForwardBatch(fb.forward_mode, bs, req_pool_indices=cat(fb.req_pool_indices, 0, torch.int64),
-                        seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()), extend_seq_lens=ext,
-                        extend_seq_lens_cpu=ext, out_cache_loc=cat(fb.out_cache_loc, 0, torch.int64, D))
-
-
 D = 3
 
 
@@ -165,7 +136,7 @@ def test_window_fields_of_verify_and_draft_extend(mode, window_pool):
             fb = spec_batch(mode, raw, seed, slots)
             be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
             g.replay()
-            full = spec_padded(fb, bs)
+            full = padded(fb, bs, mode, D)
             assert_metadata_equal(be.forward_metadata, twin.init_forward_metadata(full), full.seq_lens_cpu)
             want = twin.init_forward_metadata(full)
             assert set(vars(want)) >= {"window_kv_indptr", "window_kv_indices", "window_kv_offsets"}
