@@ -40,6 +40,8 @@ class BoundPlan:
     engine: object | None = None  # the engine buffers the captured graph reads in place (engine.Engine)
     computes: bool = True  # out_graph computes host values besides its planners' inputs (host fields a reader reads)
     replay: object | None = None  # a replayed step's whole out_graph on the engine's buffers (engine.replayer)
+    fused_first: bool = False  # in_graph's first work is a fused kernel: the device checks run inside it
+
 
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
@@ -142,6 +144,8 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
     sites = {s.node: make_site(s, b.mode, b.bs, backend, value, hooks) for s in b.sites}
     calls.update({s.node: planner_call(backend.planners, sites[s.node], len(s.inputs)) for s in b.sites})
     computes = _computes(plan.out_gm.graph)
+    first = next((n for n in plan.in_gm.graph.nodes if n.op == "call_function"), None)
     return BoundPlan(plan, b, Stager(slots, copies, event, device, guard), plan.out_gm.forward,
                      [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
-                     [value(a) for a in b.crossing], meta, hooks, sites, calls, computes=computes)
+                     [value(a) for a in b.crossing], meta, hooks, sites, calls, computes=computes,
+                     fused_first=first is not None and hasattr(first.target, "kernel"))

@@ -15,6 +15,7 @@ import torch
 
 from attnmeta.compiler.ir.errors import ContractError
 from attnmeta.compiler.lowering.binding import ArgKind
+from attnmeta.compiler.lowering.launch import PROLOGUE
 
 from .backend import AttentionBackend
 from .bound import BoundPlan, bind
@@ -22,7 +23,7 @@ from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
 from .engine import EngineWord, bind_engine, replayer
 from .errors import BatchError
-from .guard import DeviceGuard, ingest
+from .guard import DeviceGuard, ingest, prologue
 from .staging import not_a_mode
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
@@ -185,10 +186,21 @@ class CompiledAttentionBackend(AttentionBackend):
         b = self._current
         if b is None or b.bs != getattr(fb, "batch_size", None):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
-        # one launch (recorded when captured): the device-only fields' checks of a staged step and, on a graph
-        # bound to the engine's buffers, those buffers read in place, each side gated by the word
+        # the device-only fields' checks of a staged step and, on a graph bound to the engine's buffers, those
+        # buffers read in place, each side gated by the word: inside the first fused kernel (one graph node for
+        # the step), or one launch before the graph's work
         bound = b.engine is not None
-        ingest(b.stager.guard_feeds(bound) + (b.engine.feeds() if bound else []), self._guard.flag, self._word.tensor)
-        b.in_fn(*b.in_args)
+        feeds = b.stager.guard_feeds(bound) + (b.engine.feeds() if bound else [])
+        if b.fused_first and (p := prologue(feeds, self._guard.flag, self._word.tensor)) is not None:
+            token = PROLOGUE.set(pending := [p])
+            try:
+                b.in_fn(*b.in_args)
+            finally:
+                PROLOGUE.reset(token)
+            if pending:  # bind() saw a fused kernel first: it must have taken the checks
+                raise ContractError(f"{b.binding.graph}: in_graph's first kernel did not run the device checks")
+        else:
+            ingest(feeds, self._guard.flag, self._word.tensor)
+            b.in_fn(*b.in_args)
         for fn in b.after_in:  # planners' device work (FlashInfer's partition, its mask packing)
             fn()

@@ -6,8 +6,8 @@ draft-extend lengths), padding the rows past the live ones with safe values, and
 a view of them. Staging those values again into attnmeta's own buffers every step is host work for
 nothing. So when the batch a plan is captured on carries such buffers (every field the graph reads
 from the batch is an integer tensor on the backend's device), the capture binds them: the recorded
-in_graph ingests them in place (``guard.ingest``: range-checked, narrowed into the buffers the fused
-kernel reads), and a later step whose view has the same buffers (data pointer and length: attribute
+in_graph ingests them in place (``guard.ingest``, inside the fused kernel: range-checked, narrowed into
+the buffers its body reads), and a later step whose view has the same buffers (data pointer and length: attribute
 reads, no tensor op) is served by one function generated at capture (``replayer``: the check, the
 device record's flag, the plan made current, what the adapter publishes), where no host planner still
 needs host data. Nothing is copied, nothing is allocated, no aten op runs.

@@ -7,16 +7,17 @@ Two kinds of input reach the metadata graph from the device without the host eve
 - an engine's own static buffer that a captured graph reads in place (``runtime/engine.py``): the
   buffers an engine's graph runner refills before every replay.
 
-Both reach the graph's buffers through one kernel, ``ingest``, recorded with the metadata kernels:
-it narrows each value into the buffer the fused kernel reads, replaces a value outside its range by
-a safe one (a row or a slot by 0, the reserved entry; a length by its nearest bound) so no kernel
-reads outside its tables, and keeps the first such value in a record of four words (set, field,
-row, value). The record lives in host memory the kernel writes directly (pinned and mapped into
-the device's address space), so the host reads it without a launch or a copy: the next step's
-out_graph looks at one word and raises a ``BatchError`` naming the field, row and value. That is
-the contract: a bad device value is served safely and reported one step late, never silent
-(``ATTNMETA_SYNC_CHECKS=1`` synchronizes and raises within the step, for debugging). The record
-is zeroed when it is made, so nothing reads a word nobody wrote.
+Both reach the graph's buffers through one check, ``ingest`` (compiler/lowering/ingest.py), recorded with the
+metadata kernels: the prologue of the step's first fused kernel (``prologue``: a captured step is one graph
+node), or a launch of its own where the step starts otherwise. It narrows each value into the buffer the fused
+kernel reads, replaces a value outside its range by a safe one (a row or a slot by 0, the reserved entry; a
+length by its nearest bound) so no kernel reads outside its tables, and keeps the first such value in a record
+of four words (set, field, row, value). The record lives in host memory the kernel writes directly (pinned and
+mapped into the device's address space), so the host reads it without a launch or a copy: the next step's
+out_graph looks at one word and raises a ``BatchError`` naming the field, row and value. That is the contract:
+a bad device value is served safely and reported one step late, never silent (``ATTNMETA_SYNC_CHECKS=1``
+synchronizes and raises within the step, for debugging). The record is zeroed when it is made, so nothing
+reads a word nobody wrote.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 from attnmeta.compiler.lowering.binding import Kind
+from attnmeta.compiler.lowering.ingest import BLOCK, SCALARS, SLOTS, Group, Prologue, ingest_group
 from attnmeta.compiler.lowering.launch import launch
 from attnmeta.compiler.lowering.triton_kernels import torch_on
 
@@ -36,52 +38,9 @@ from .errors import BatchError
 
 INTS = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)  # what a batch's integer field may be
 SENTINEL = -(2**63)  # a guarded buffer's rows past the live ones: not checked, staged as the fill
-BLOCK = 256
 
 
-@triton.jit
-def _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP: tl.constexpr, PADDED: tl.constexpr,
-                BLOCK: tl.constexpr):
-    # src[:n] narrowed into dst[:n]; a value outside [lo, hi] replaced (a length clamped, anything else by 0),
-    # a sentinel (PADDED) written as the fill; the first bad row into the record unless it already holds one
-    # (set last, so a host that sees it set may read the rest after a sync).
-    first = n + 0 * tl.program_id(0)  # a tensor from the start: it is carried through the loop
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < n
-        v = tl.load(src + offs, mask=m, other=0).to(tl.int64)
-        pad = m & (v == sentinel) & PADDED
-        bad = m & ((v < lo) | (v > hi)) & (pad == 0)
-        if CLAMP:
-            safe = tl.minimum(tl.maximum(v, lo), hi)
-        else:
-            safe = tl.zeros_like(v)
-        out = tl.where(pad, fill, tl.where(bad, safe, v))
-        tl.store(dst + offs, out.to(dst.dtype.element_ty), mask=m)
-        first = tl.minimum(first, tl.min(tl.where(bad, offs, n), axis=0))
-    if first < n:
-        if tl.load(flag) == 0:
-            tl.store(flag + 1, field + 0 * first.to(tl.int64))
-            tl.store(flag + 2, first.to(tl.int64))
-            tl.store(flag + 3, tl.load(src + first).to(tl.int64))
-            tl.store(flag, 1)
-
-
-@triton.jit
-def _gated(w, W: tl.constexpr, src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP: tl.constexpr,
-           PADDED: tl.constexpr, BLOCK: tl.constexpr):
-    if W == -1:  # resolved when compiled: an ungated field has no branch
-        _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP, PADDED, BLOCK)
-    else:
-        if w == W:
-            _ingest_one(src, dst, n, lo, hi, fill, sentinel, flag, field, CLAMP, PADDED, BLOCK)
-
-
-# a 1 would become a constant: every count, bound, fill and field index stays an argument
-_SCALARS = [f"{k}{i}" for i in range(4) for k in ("n", "lo", "hi", "fill", "field")]
-
-
-@triton.jit(do_not_specialize=_SCALARS)
+@triton.jit(do_not_specialize=[f"{k}{i}" for i in range(SLOTS) for k in SCALARS])
 def _ingest_kernel(flag, word, sentinel,
                    src0, dst0, n0, lo0, hi0, fill0, field0, src1, dst1, n1, lo1, hi1, fill1, field1,
                    src2, dst2, n2, lo2, hi2, fill2, field2, src3, dst3, n3, lo3, hi3, fill3, field3,
@@ -89,21 +48,10 @@ def _ingest_kernel(flag, word, sentinel,
                    P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
                    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr,
                    GATED: tl.constexpr, BLOCK: tl.constexpr):
-    # One program, up to four fields one after another (one launch, one graph node, for a step's fields);
-    # the first bad value of the first bad field is the one recorded, as launches in this order would.
-    # Field i runs always (Wi == -1) or, on a graph bound to an engine's buffers, only on the steps the
-    # word says were fed its way (Wi == word): the engine's buffers and the staged copies of the same
-    # slots share one launch, each side gated.
-    w = 0
-    if GATED:
-        w = tl.load(word)
-    _gated(w, W0, src0, dst0, n0, lo0, hi0, fill0, sentinel, flag, field0, C0, P0, BLOCK)
-    if NUM > 1:
-        _gated(w, W1, src1, dst1, n1, lo1, hi1, fill1, sentinel, flag, field1, C1, P1, BLOCK)
-    if NUM > 2:
-        _gated(w, W2, src2, dst2, n2, lo2, hi2, fill2, sentinel, flag, field2, C2, P2, BLOCK)
-    if NUM > 3:
-        _gated(w, W3, src3, dst3, n3, lo3, hi3, fill3, sentinel, flag, field3, C3, P3, BLOCK)
+    # one program, one group: the check as a launch of its own (a step whose graph starts with no fused kernel)
+    ingest_group(flag, word, sentinel, src0, dst0, n0, lo0, hi0, fill0, field0, src1, dst1, n1, lo1, hi1, fill1,
+                 field1, src2, dst2, n2, lo2, hi2, fill2, field2, src3, dst3, n3, lo3, hi3, fill3, field3,
+                 NUM, C0, C1, C2, C3, P0, P1, P2, P3, W0, W1, W2, W3, GATED, BLOCK)
 
 
 def _ingest_torch(f: Feed, flag, word) -> None:
@@ -139,30 +87,50 @@ class Feed:
     when: int = -1  # -1: every launch; 0 or 1: only when the launch's word says so
 
 
+def _live(feeds: list[Feed], word) -> tuple[list[Feed], bool]:
+    feeds = [f for f in feeds if f.n > 0]
+    gated = any(f.when != -1 for f in feeds)
+    if gated and word is None:
+        raise ValueError("a feed gated by the word (when 0 or 1) needs the word")
+    return feeds, gated
+
+
+def _groups(feeds: list[Feed]) -> list[Group]:
+    out = []
+    for k in range(0, len(feeds), SLOTS):
+        group = feeds[k : k + SLOTS]
+        pad = group + [group[0]] * (SLOTS - len(group))  # unused slots: never run (NUM), any valid arguments
+        args = tuple(a for f in pad for a in (f.src, f.dst, f.n, f.lo, f.hi, f.fill, f.field))
+        out.append(Group(args, len(group), tuple(f.clamp for f in pad), tuple(f.padded for f in pad),
+                         tuple(f.when for f in pad)))
+    return out
+
+
 def ingest(feeds: list[Feed], flag: torch.Tensor, word: torch.Tensor | None = None) -> None:
     """Every feed's values checked and narrowed into its buffer on the device (see the module doc), up to four
     fields per launch; a feed with ``when`` 0 or 1 only when ``word[0]`` says so (read by the kernel, so a
     replayed graph follows it)."""
-    feeds = [f for f in feeds if f.n > 0]
+    feeds, gated = _live(feeds, word)
     if not feeds:
         return
-    gated = any(f.when != -1 for f in feeds)
-    if gated and word is None:
-        raise ValueError("a feed gated by the word (when 0 or 1) needs the word")
     if torch_on(feeds[0].dst):
         for f in feeds:
             launch(lambda f=f: _ingest_torch(f, flag, word))
         return
-    for k in range(0, len(feeds), 4):
-        group = feeds[k : k + 4]
-        pad = group + [group[0]] * (4 - len(group))  # unused slots: never run (NUM), any valid arguments
-        args = [flag, word if gated else flag, SENTINEL]
-        for f in pad:
-            args += [f.src, f.dst, f.n, f.lo, f.hi, f.fill, f.field]
-        flags = {"NUM": len(group), "GATED": gated, "BLOCK": BLOCK}
-        for i, f in enumerate(pad):
-            flags |= {f"C{i}": f.clamp, f"P{i}": f.padded, f"W{i}": f.when}
+    for g in _groups(feeds):
+        args = (flag, word if gated else flag, SENTINEL, *g.args)
+        flags = g.constants() | {"GATED": gated, "BLOCK": BLOCK}
         launch(lambda args=args, flags=flags: _ingest_kernel[(1,)](*args, **flags))
+
+
+def prologue(feeds: list[Feed], flag: torch.Tensor, word: torch.Tensor | None = None) -> Prologue | None:
+    """``ingest(feeds, ...)`` as the prologue of the step's first fused kernel (compiler/lowering/ingest.py),
+    or None when there is nothing to check."""
+    feeds, gated = _live(feeds, word)
+    if not feeds:
+        return None
+    return Prologue((flag, word if gated else flag, SENTINEL), tuple(_groups(feeds)), gated,
+                    lambda: ingest(feeds, flag, word))
 
 
 def safe_range(s, bound: bool = False) -> tuple[int, int, bool]:

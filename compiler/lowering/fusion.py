@@ -192,21 +192,24 @@ _LOADED = Memo("loaded kernels", 4096)
 
 def load(k: FusedKernel):
     """Import the kernel from a file (Triton reads a jitted function's source from disk)."""
-    return _LOADED.get(k.fn_name, lambda: _load(k))
+    return _LOADED.get(k.fn_name, lambda: load_source(k.fn_name, k.source))
 
 
-def _load(k: FusedKernel):
+def load_source(name: str, source: str, loose: tuple[str, ...] = ()):
+    """Function ``name`` of ``source``, written to a file of that name and jitted; ``loose``: parameters Triton
+    must not specialize on their values."""
     from .triton_kernels import jit
 
     d = os.environ.get("ATTNMETA_KERNEL_DIR") or os.path.join(tempfile.gettempdir(), "attnmeta-kernels")
     os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, f"{k.fn_name}.py")
+    path = os.path.join(d, f"{name}.py")
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
-            f.write(k.source)
+            f.write(source)
         os.replace(tmp, path)  # atomic: concurrent compiles never import half a file
-    spec = importlib.util.spec_from_file_location(k.fn_name, path)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return jit(getattr(mod, k.fn_name))  # the source has no decorator: one place jits
+    fn = getattr(mod, name)  # the source has no decorator: one place jits
+    return jit(fn, do_not_specialize=list(loose)) if loose else jit(fn)

@@ -19,16 +19,15 @@ import re
 
 import attrs
 import networkx as nx
-import sympy
 import torch
 import torch.fx as fx
 
 from ..ir import Graph, Node, Op, Region, Role
 from ..ir.ops import CONST_OPS
-from ..ir.types import DType, Placement
 from ..modes import ForwardMode
 from .binding import Arg, ArgKind, Binding, PlannerSite
-from .kernels import KERNELS
+from .groups import fused_target
+from .kernels import KERNELS, kernel_kwargs
 from .memo import Memo
 from .places import LoweringError, Places
 
@@ -52,22 +51,6 @@ class LoweredPlan:
         text = (f"# out_graph of {self.graph.name}\n{self.out_gm.code}\n"
                 f"# in_graph of {self.graph.name}\n{self.in_gm.code}")
         return text + "".join(f"\n# fused kernel\n{k.source}" for k in self.kernels)
-
-
-def kernel_kwargs(n: Node) -> dict:
-    """Attributes as the kernel functions take them (ints, torch dtypes)."""
-    kw = {}
-    for k, v in n.attrs:
-        if isinstance(v, DType):
-            v = v.torch
-        elif isinstance(v, Placement):
-            continue
-        elif isinstance(v, tuple):
-            v = [int(d) for d in v]
-        elif isinstance(v, sympy.Expr):
-            v = int(v)
-        kw[k] = v
-    return kw
 
 
 def _ident(name: str) -> str:
@@ -119,77 +102,6 @@ class _Builder:
 
 
 _MODULES = Memo("fx modules", 4096)
-_LAUNCHERS = Memo("fused kernel launchers", 4096)
-
-
-def _launcher(g: Graph, group: list[str], outs: list[str]):
-    """The fx target for one fused kernel: launches it on its arguments and the buffers it stores
-    into (given after the arguments), and returns those buffers."""
-    from .fusion import generate, load
-
-    fk = generate(g, group, outs)
-    tables = tuple(fk.args.index(t) for t in fk.tables)
-    # the batch size is read off a per-row argument at launch, so sizes share one launcher
-    row = fk.args.index(fk.row_arg)
-    key = (fk.source, tables, row)
-    return fk, _LAUNCHERS.get(key, lambda: _make_launcher(load(fk), dict(fk.meta), len(fk.args), tables, row,
-                                                          fk.fn_name))
-
-
-def _group(g: Graph, group: list[str], stored: list[str], fk, triton_run):
-    """The fx target of a fused group: its Triton kernel, or on CPU tensors without Triton's
-    interpreter (``triton_kernels.torch_on``) the group's ops one by one through the kernel table,
-    storing the same buffers. One definition of each op's meaning serves both."""
-    from .triton_kernels import torch_on
-
-    nodes = [n for n in g.nodes if n.name in set(group)]
-    at = {a: k for k, a in enumerate(fk.args)}
-    into = {x: k for k, x in enumerate(stored)}
-    kws = [kernel_kwargs(n) for n in nodes]
-    n_args = len(fk.args)
-
-    def run(*xs):
-        ins, res = xs[:n_args], xs[n_args:]
-        if not torch_on(res[0] if res else ins[0]):
-            return triton_run(*xs)
-        env: dict[str, torch.Tensor] = {}
-        for n, kw in zip(nodes, kws, strict=True):
-            args = [env[x] if x in env else ins[at[x]] for x in n.inputs]
-            env[n.name] = KERNELS[n.op](*args, **kw, out=res[into[n.name]] if n.name in into else None)
-        return res
-
-    run.__name__ = fk.fn_name
-    return run
-
-
-def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
-    """(row stride, width, rows) of a table a fused kernel indexes; a 1-D table is one row."""
-    return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
-
-
-def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple):
-    """Launch fused kernel ``fn`` (compiled by Triton) on ``xs`` (its inputs, then the buffers it stores):
-    one program per row of input ``row``, each 2-D or lookup table input passed with its (row stride,
-    width, rows), the batch size and its next power of two. The one launcher: the runtime's and the
-    standalone script's (script.py)."""
-    from .launch import launch
-
-    ins, res = xs[:n_args], xs[n_args:]
-    bs = ins[row].shape[0]
-    strides = [v for k in tables for v in _table_dims(ins[k])]
-    block = 1 << (bs - 1).bit_length()
-    launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta))
-    return res
-
-
-def _make_launcher(fn, meta, n_args, tables, row, name):
-    def run(*xs):
-        return launch_rows(fn, meta, n_args, tables, row, xs)
-
-    run.__name__ = name
-    return run
-
-
 @attrs.frozen
 class Q:
     """Where an argument's buffer is, asked of the plan's ``Places`` when a size is bound: the
@@ -324,8 +236,7 @@ def _skeleton(g: Graph, places: Places, consts, local, views) -> _Skeleton:
             continue
         group = item
         stored = [x for x in group if x in fields or any(u.name not in group for u in users.get(x, []))]
-        fk, run = _launcher(g, group, stored)
-        run = _group(g, group, stored, fk, run)
+        fk, run = fused_target(g, group, stored)
         kernels.append(fk)
         # every store lands in a static buffer: a field's, or scratch for what another kernel reads,
         # so nothing is allocated per step and sizes share one launcher (and one module)

@@ -6,12 +6,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import sympy
 import torch
 
-from ..ir import OPS, Op
+from ..ir import OPS, Node, Op
 from ..ir import ops_index as ix
 from ..ir.ops import EWISE, REDUCE
+from ..ir.types import DType, Placement
 from . import triton_kernels
+
+
+def kernel_kwargs(n: Node) -> dict:
+    """Attributes as the kernel functions take them (ints, torch dtypes)."""
+    kw = {}
+    for k, v in n.attrs:
+        if isinstance(v, DType):
+            v = v.torch
+        elif isinstance(v, Placement):
+            continue
+        elif isinstance(v, tuple):
+            v = [int(d) for d in v]
+        elif isinstance(v, sympy.Expr):
+            v = int(v)
+        kw[k] = v
+    return kw
 
 
 def k_full(value, shape, dtype, device=None, out=None):

@@ -22,3 +22,15 @@ def launch(fn: Callable[[], None]) -> None:
         fn()
     else:
         hook(fn)
+
+
+# Work the next fused kernel launched runs first, inside itself (the runtime's range check of the step's
+# device values, ``ingest.Prologue``): set by the runtime around a step's metadata graph, taken by its first
+# fused kernel, so a captured step is one graph node.
+PROLOGUE: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnmeta_prologue", default=None)
+
+
+def take_prologue():
+    """The pending prologue, now no longer pending; None when there is none."""
+    pending = PROLOGUE.get()
+    return pending.pop() if pending else None

@@ -27,7 +27,7 @@ import operator  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from attnmeta.compiler.lowering.fx import launch_rows  # noqa: E402
+from attnmeta.compiler.lowering.groups import launch_rows  # noqa: E402
 '''
 
 

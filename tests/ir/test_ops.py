@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnmeta.compiler.ir import OPS, DType, Op, Placement, SpecBuilder, eval_graph
-from attnmeta.compiler.lowering.fx import kernel_kwargs
+from attnmeta.compiler.lowering.kernels import kernel_kwargs
 from attnmeta.compiler.lowering.kernels import KERNELS
 
 T = torch.tensor

@@ -15,6 +15,15 @@ def test_replays_after_sglangs_capture_sequence_are_right_and_raise_nothing(name
     serve_replayed(name, "cpu")
 
 
+@pytest.mark.parametrize("name", ["triton", "flashinfer"])
+def test_a_captured_step_is_one_launch(name):
+    """The device checks of the engine's buffers (and of a staged step's device-only fields) run inside the
+    step's fused metadata kernel: one graph node per step, not a check kernel before it (the tests around
+    this one show the checks still replace and report bad values)."""
+    _, _, graphs, _, _ = capture_like_sglang(name, "cpu")
+    assert {bs: g.num_ops for bs, g in graphs.items()} == {bs: 1 for bs in graphs}
+
+
 def test_a_bad_row_in_the_engines_buffers_is_raised_by_the_next_step():
     be, reg, graphs, pool, _ = capture_like_sglang("triton", "cpu")
     be.init_forward_metadata_out_graph(reg.load([3, ROWS + 5], [10, 12], 2))
