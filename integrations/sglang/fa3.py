@@ -13,9 +13,12 @@ the cached keys) and the drafts each query's tree-mask row shows (``forward_meta
 The compiled verify reads the tree mask from its ``custom_mask`` field, which SGLang's EAGLE worker writes in
 place (the backend's ``verify_mask``), and builds the expansion in the recorded kernel.
 
-What it does not serve yet is refused at start with the reason (``unserved``): sliding-window and chunked local
-attention, MLA on FA3, the FA4 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder
-models.
+A sliding-window model in one plain pool is served: FA3's kernel applies each layer's window itself
+(``window_size``), over the same metadata, which is what SGLang builds then too.
+
+What it does not serve yet is refused at start with the reason (``unserved``): a sliding-window KV pool
+(``SWAKVPool``), sliding windows under EAGLE topk > 1, prefill-aware windows, chunked local attention, MLA on
+FA3, the FA4 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
 "schedule inside the kernel": SGLang computes it once at capture, from the capture batch, and reuses it
@@ -65,7 +68,12 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         gpu = f"a GPU of compute capability {major}.x" if major else "a machine without a CUDA GPU"
         checks = ((major not in (8, 9), f"{gpu} (FlashAttention-3 runs on compute capability 8.x and 9.x, as SGLang's "
                                         "own fa3 requires; attnmeta_flashinfer and attnmeta_triton run elsewhere)"),
-                  (self.has_swa or self.use_sliding_window_kv_pool, "sliding-window attention"),
+                  # a window in one plain pool is FA3's kernel's own (window_size per layer, the same metadata);
+                  # a window pool reads a translated page table, and topk > 1's window merges the tree per query
+                  (self.use_sliding_window_kv_pool, "a sliding-window KV pool (SWAKVPool: its translated page table)"),
+                  (self.has_swa and self._tree(), "sliding-window attention with EAGLE topk > 1 (its merged window "
+                                                  "metadata, swa_spec_metadata)"),
+                  (getattr(self, "is_prefill_aware_swa", False), "prefill-aware sliding-window attention"),
                   (self.local_attn_builder is not None, "chunked local attention"),
                   (self.use_mla, "MLA models on FlashAttention"),
                   (self.fa_impl_ver != 3, f"FlashAttention {self.fa_impl_ver} (attnmeta_fa3 serves FA3's)"),
@@ -118,6 +126,10 @@ class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
         wanted = resolved_options(model_runner, self.attn_backends[0], modes=("decode", "idle"), topk=max(topk, 1),
                                   num_steps=speculative_num_steps, num_heads=q, num_kv_heads=kv)
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
+
+    def unserved(self) -> list[str]:
+        pool = any(c.use_sliding_window_kv_pool for c in self.attn_backends)
+        return ["a sliding-window KV pool (SWAKVPool: its translated page table)"] if pool else []
 
     def _step_shape(self, m, s: int):
         L = self.attnmeta.compiled.options.max_context_len
