@@ -9,7 +9,8 @@ into the captured graph. ``max_seq_len_q`` is the per-mode constant 1 and
 from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
-from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
+from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime.metadata import step_prefix
 
 from ..common import decode_inputs, extend_lens, verify_headroom
@@ -34,6 +35,9 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
     b = SpecBuilder(f"{name}.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     if mode.is_target_verify() and options.topk > 1 and not strided_extend:
+        if options.window_pool:
+            raise OptionsError(f"{name}: a sliding-window pool under EAGLE topk > 1 is not planned (its merged window "
+                               "metadata); serve it with SGLang's own fa3, or without the window pool")
         return tree_verify(b, options, seq_lens, rpi, req_to_token)
     T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
     ext = extend_lens(b) if mode.is_draft_extend() and not strided_extend else None
@@ -48,12 +52,29 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
         cu_seqlens_k = b.cumsum(kv_lens, name="cu_seqlens_k")
         page_table = b.page_table(req_to_token, rpi, kv_lens, page_size=options.page_size, width="W",
                                   name="page_table")
+    win = window_pool(b, page_table, options, f"{T}*bs") if options.window_pool else {}
     with b.out_graph():
         max_q = b.full(T, [], I32, Placement.host, name="max_seq_len_q")
         max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
     b.outputs(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-              page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k)
+              page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k, **win)
     return b.build()
+
+
+def window_pool(b: SpecBuilder, page_table, options: CompileOptions, tokens: str) -> dict:
+    """A sliding-window model whose window layers keep their KV in a pool of their own (SGLang's ``SWAKVPool``):
+    those layers read the same pages translated into that pool through its ``full_to_swa`` slot table
+    (``swa_page_table``: the window pool's page of each page's first slot) and write the step's ``tokens`` slots
+    translated the same way (``swa_out_cache_loc``). FA3's kernel applies the window itself, over every page."""
+    P = options.page_size
+    full_to_swa = b.pool("full_to_swa", I64, ["N"])
+    with b.in_graph():
+        out_loc = b.input("out_cache_loc", I64, [tokens], fill=0, kind=Kind.slot)
+        first = page_table if P == 1 else b.ewise("mul", page_table, P)  # a page's first slot (pages are aligned)
+        swa = b.lookup(full_to_swa, first)
+        swa = swa if P == 1 else b.ewise("floordiv", swa, P)
+        return {"swa_page_table": b.cast(swa, I32, name="swa_page_table"),
+                "swa_out_cache_loc": b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")}
 
 
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
@@ -70,6 +91,9 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
     i + 1 tokens drafted so far. All steps' metadata is built in one graph before the drafter's
     steps run; page tables keep the static width W with row guards."""
     b = SpecBuilder(f"flashattention_draft.{mode.name.lower()}")
+    if options.window_pool:
+        raise OptionsError("flashattention_draft: a sliding-window pool is not planned for EAGLE's draft decode (each "
+                           "step's translated page table); serve the draft with SGLang's own fa3 drafter")
     if options.topk > 1:
         return tree_draft(b, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, options.num_steps)

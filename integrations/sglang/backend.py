@@ -21,7 +21,7 @@ from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.runtime import BatchError
 
 from .kinds import sglang
-from .options import rank_heads, resolved_options
+from .options import rank_heads, resolved_options, sliding_window
 from .served import CAPTURED, CompiledModes
 
 _SGLangFlashInfer = sglang("sglang.srt.layers.attention.flashinfer_backend", "FlashInferAttnBackend")
@@ -38,14 +38,10 @@ class TritonBackend(CompiledModes, _SGLangTriton):
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, *, compiled=None, **kw):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, **kw)
         static = self.static_kv_splits or self.device_core_count <= 0
-        window = self.sliding_window_size if self.sliding_window_size and self.sliding_window_size > 0 else 0
+        window, pools = sliding_window(self)
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
-                                  sm_count=0 if static else self.device_core_count,
-                                  sliding_window=window, window_pool=bool(window and self.use_sliding_window_kv_pool),
+                                  sm_count=0 if static else self.device_core_count, **window,
                                   backend=TritonOptions(max_kv_splits=self.max_kv_splits))
-        # a window pool's KV is reached through the allocator's full-to-window slot table (SGLang registers it on
-        # the pool before any backend is built)
-        pools = {"full_to_swa": self.token_to_kv_pool.full_to_swa_index_mapping} if wanted.window_pool else {}
         self._attach(compiled, wanted, self.req_to_token, model_runner.device, **pools)
         self._eager_scratch: dict = {}
 

@@ -13,12 +13,15 @@ the cached keys) and the drafts each query's tree-mask row shows (``forward_meta
 The compiled verify reads the tree mask from its ``custom_mask`` field, which SGLang's EAGLE worker writes in
 place (the backend's ``verify_mask``), and builds the expansion in the recorded kernel.
 
-A sliding-window model in one plain pool is served: FA3's kernel applies each layer's window itself
-(``window_size``), over the same metadata, which is what SGLang builds then too.
+Sliding-window models are served: FA3's kernel applies each layer's window itself (``window_size``), over the
+same metadata, which is what SGLang builds then too. Where the window layers keep their KV in a pool of their
+own (``SWAKVPool``), they read the same pages translated into it (``swa_page_table``) and write the step's
+slots translated (``swa_out_cache_loc``), from the same recorded kernel; attnmeta's drafter does not plan that
+pool (the error names SGLang's own fa3 drafter, ``--speculative-draft-attention-backend fa3``).
 
-What it does not serve yet is refused at start with the reason (``unserved``): a sliding-window KV pool
-(``SWAKVPool``), sliding windows under EAGLE topk > 1, prefill-aware windows, chunked local attention, MLA on
-FA3, the FA4 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
+What it does not serve yet is refused at start with the reason (``unserved``): sliding windows under EAGLE
+topk > 1, prefill-aware windows, chunked local attention, MLA on FA3, the FA4 kernels, a translated (unified)
+KV pool, a sharded KV pool, encoder-decoder models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
 "schedule inside the kernel": SGLang computes it once at capture, from the capture batch, and reuses it
@@ -27,10 +30,12 @@ on every replay of that graph.
 
 from __future__ import annotations
 
+from attnmeta.compiler.ir.errors import OptionsError
+
 from .backend import mask_in_place, mask_into_plan, own_verify_mask
 from .draft import _Drafter, _step
 from .kinds import sglang
-from .options import rank_heads, resolved_options
+from .options import rank_heads, resolved_options, sliding_window
 from .served import CompiledModes
 
 _SGLangFA3, _SGLangFA3Draft = sglang("sglang.srt.layers.attention.flashattention_backend", "FlashAttentionBackend",
@@ -58,8 +63,9 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                  speculative_num_steps: int = 0, fa_impl_ver: int = 3, *, compiled=None):
         super().__init__(model_runner, skip_prefill, speculative_step_id, topk, speculative_num_steps, fa_impl_ver)
         q, kv = rank_heads(model_runner)
-        wanted = resolved_options(model_runner, self, num_heads=q, num_kv_heads=kv)
-        self._attach(compiled, wanted, self.req_to_token, model_runner.device)
+        window, pools = sliding_window(self)
+        wanted = resolved_options(model_runner, self, num_heads=q, num_kv_heads=kv, **window)
+        self._attach(compiled, wanted, self.req_to_token, model_runner.device, **pools)
 
     def unserved(self) -> list[str]:
         import sglang.srt.layers.attention.flashattention_backend as fa
@@ -68,9 +74,10 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         gpu = f"a GPU of compute capability {major}.x" if major else "a machine without a CUDA GPU"
         checks = ((major not in (8, 9), f"{gpu} (FlashAttention-3 runs on compute capability 8.x and 9.x, as SGLang's "
                                         "own fa3 requires; attnmeta_flashinfer and attnmeta_triton run elsewhere)"),
-                  # a window in one plain pool is FA3's kernel's own (window_size per layer, the same metadata);
-                  # a window pool reads a translated page table, and topk > 1's window merges the tree per query
-                  (self.use_sliding_window_kv_pool, "a sliding-window KV pool (SWAKVPool: its translated page table)"),
+                  # a window is FA3's kernel's own (window_size per layer, over the same metadata; a window pool's
+                  # layers read the pages translated); topk > 1's window merges the tree per query
+                  (self.use_sliding_window_kv_pool and self.token_to_kv_pool.full_to_swa_index_mapping is None,
+                   "a sliding-window pool without its full-to-window slot table"),
                   (self.has_swa and self._tree(), "sliding-window attention with EAGLE topk > 1 (its merged window "
                                                   "metadata, swa_spec_metadata)"),
                   (getattr(self, "is_prefill_aware_swa", False), "prefill-aware sliding-window attention"),
@@ -100,6 +107,8 @@ class FA3Backend(CompiledModes, _SGLangFA3):
     def _shape(self, m, v):
         meta = _metadata(m.cache_seqlens_int32, m.cu_seqlens_q, m.cu_seqlens_k, m.page_table, m.max_seq_len_q,
                          m.max_seq_len_k)
+        if self.attnmeta.compiled.options.window_pool:  # the window layers' pages and write slots, in their pool
+            meta.swa_page_table, meta.swa_out_cache_loc = m.swa_page_table, m.swa_out_cache_loc
         if not hasattr(m, "expand_page_table"):
             return meta, None
         # the drafts' attention: one query per row over the drafts its tree-mask row shows
@@ -122,14 +131,15 @@ class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
 
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, fa_impl_ver: int = 3, *, compiled=None):
         super().__init__(model_runner, topk, speculative_num_steps, fa_impl_ver)
+        if any(c.use_sliding_window_kv_pool for c in self.attn_backends):
+            raise OptionsError("attnmeta's flashattention_draft does not plan a sliding-window pool's draft steps "
+                               "(each step's translated page table); serve this draft with SGLang's own fa3 drafter "
+                               "(--speculative-draft-attention-backend fa3); attnmeta_fa3 still serves the target's "
+                               "decode and verify and the draft extend")
         q, kv = rank_heads(model_runner)
         wanted = resolved_options(model_runner, self.attn_backends[0], modes=("decode", "idle"), topk=max(topk, 1),
                                   num_steps=speculative_num_steps, num_heads=q, num_kv_heads=kv)
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
-
-    def unserved(self) -> list[str]:
-        pool = any(c.use_sliding_window_kv_pool for c in self.attn_backends)
-        return ["a sliding-window KV pool (SWAKVPool: its translated page table)"] if pool else []
 
     def _step_shape(self, m, s: int):
         L = self.attnmeta.compiled.options.max_context_len

@@ -374,7 +374,8 @@ class Runners:
 
     def prepare(self, mode_key, view) -> None:
         """The runner's copies before out_graph: the rows and lengths into the captured buffers (the view then
-        points at them), draft extend's per-request lengths into the captured ones, and, as SGLang's EAGLE
+        points at them), the step's write slots into the captured ones (SGLang's own draft extend reads them
+        in its graph), draft extend's per-request lengths into the captured ones, and, as SGLang's EAGLE
         worker does when the target backend owns a verify mask buffer (``verify_mask``), the tree mask
         written into that buffer."""
         static = self.static[(mode_key, view.batch_size)]
@@ -383,6 +384,10 @@ class Runners:
             if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.shape == dst.shape:
                 dst.copy_(src)
                 setattr(view, f, dst)
+        src, dst = getattr(view, "out_cache_loc", None), getattr(static, "out_cache_loc", None)
+        if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.numel() <= dst.numel() \
+                and src.data_ptr() != dst.data_ptr():  # the write slots too (a graph reading them reads these)
+            dst[: src.numel()].copy_(src)
         spec = getattr(view, "spec_info", None)
         src, dst = getattr(spec, "extend_seq_lens_tensor", None), getattr(static, "extend_seq_lens", None)
         if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.shape == dst.shape:

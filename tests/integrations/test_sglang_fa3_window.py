@@ -14,6 +14,8 @@ pytest.importorskip("sglang.srt.layers.attention.base_attn_backend", reason="SGL
 
 import random
 
+import torch
+
 from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
 from tests.integrations.served_pairs import serve, side_by_side
@@ -84,7 +86,83 @@ def test_the_window_comparison_can_fail(fa3):
 
 
 def test_what_attnmeta_fa3_does_not_plan_of_windows_is_refused_by_name(fa3):
-    with pytest.raises(OptionsError, match=r"sliding-window KV pool .*--attention-backend fa3"):
-        Server(["--attention-backend", "attnmeta_fa3"], window=W, window_pool=True)
-    with pytest.raises(OptionsError, match="sliding-window attention with EAGLE topk > 1"):
+    with pytest.raises(OptionsError, match=r"--speculative-draft-attention-backend fa3"):
+        Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], window=W, window_pool=True)  # attnmeta's drafter
+    with pytest.raises(OptionsError, match=r"sliding-window attention with EAGLE topk > 1.*--attention-backend fa3"):
         Server(["--attention-backend", "attnmeta_fa3", *eagle(4)], window=W)
+
+
+def _swa_same(ours, theirs, live: int, tokens: int, P: int, what: str) -> None:
+    """The window pool's fields: each live row's pages (as many as its keys cover) and the step's write slots."""
+    for i, k in enumerate(theirs.cache_seqlens_int32[:live].tolist()):
+        pages = -(-k // P)
+        assert ours.swa_page_table[i, :pages].tolist() == theirs.swa_page_table[i, :pages].tolist(), \
+            (what, "swa_page_table", i)
+    assert ours.swa_out_cache_loc[:tokens].tolist() == theirs.swa_out_cache_loc[:tokens].tolist(), \
+        (what, "swa_out_cache_loc")
+
+
+@pytest.mark.parametrize("page, topk", [(1, 0), (16, 0), (16, 1)], ids=["page1", "page16", "page16-eagle"])
+def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
+    """SGLang's ``SWAKVPool``: the window layers read every page translated into their pool and write the step's
+    slots translated; decode, and under EAGLE (SGLang's own fa3 drafter, as the drafter error says) the target's
+    verify and attnmeta_fa3's draft extend built on the draft runner, eager and replayed, beside SGLang's own."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from tests.integrations.sglang_server import decode, decode_view, draft_extend, draft_extend_view, verify
+    from tests.integrations.test_sglang_triton_window import writing
+
+    flags = ["--attention-backend", "attnmeta_fa3", "--page-size", str(page)]
+    if topk:
+        flags += [*eagle(topk), "--speculative-draft-attention-backend", "fa3"]
+    s = Server(flags, seed=31 + page, window=W, window_pool=True)
+    assert s.backend.use_sliding_window_kv_pool and s.backend.attnmeta.compiled.options.window_pool
+    D = s.spec.speculative_num_draft_tokens if topk else 1
+    makers = {"decode": lambda rows, seq, seed: decode(s, rows, seq),
+              "verify": lambda rows, seq, seed: verify(s, rows, seq, random.Random(seed)),
+              "extend": lambda rows, seq, seed: draft_extend(s, rows, seq)}
+    if topk:
+        with s.active():
+            ext = ATTENTION_BACKENDS["attnmeta_fa3"](s.draft_runner)
+        pairs = {"verify": (Runners(s, s.backend, "f", D), Runners(s, s.own("fa3"), "f", D)),
+                 "extend": (Runners(s, ext, "e", D), Runners(s, s.own("fa3", s.draft_runner), "e", D))}
+    else:
+        pairs = {"decode": (Runners(s, s.backend, "f", 1), Runners(s, s.own("fa3"), "f", 1))}
+    with s.active():
+        for key, pair in pairs.items():
+            for r in pair:
+                r.capture(lambda bs, r=r, key=key: makers[key]([0] * bs, [1 if key == "extend" else r.fill] * bs, bs),
+                          key)
+    rng, P, L = random.Random(page + topk), s.runner.page_size, s.model_config.context_len
+    keys = list(pairs)
+    for step in range(16):
+        key, replayed = keys[step % len(keys)], step % 4 != 3
+        n = rng.randint(1, max(s.sizes))
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - 2 * D)
+        loc = torch.tensor(rng.sample(range(1, s.slots), n * D))  # the step's write slots
+        with s.active():
+            for r in pairs[key]:
+                fb = writing(s, makers[key](rows, seq, step), loc, s.draft_runner if key == "extend" else None)
+                if replayed:
+                    bs = r.bucket(n)
+                    view = draft_extend_view(fb, bs, r.fill, D) if key == "extend" else decode_view(fb, bs, r.fill, D)
+                    r.replay(fb, key, view)
+                else:
+                    r.backend.init_forward_metadata(fb)
+        ours, theirs = (r.backend.forward_metadata for r in pairs[key])
+        what = f"window pool page {P} {key} step {step} replayed={replayed}"
+        same(ours, theirs, n, P, what)
+        _swa_same(ours, theirs, n, n * D, P, what)
+
+
+def test_the_window_pool_comparison_can_fail(fa3):
+    """Without the full-to-window translation (the window pool read as the full one), the comparison fails."""
+    from attnmeta.backends.flashattention import spec
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spec, "window_pool", lambda b, page_table, options, tokens: {
+            "swa_page_table": b.copy(page_table, name="swa_page_table"),
+            "swa_out_cache_loc": b.copy(b.input("out_cache_loc", spec.I64, [tokens], fill=0, kind=spec.Kind.slot),
+                                        name="swa_out_cache_loc")})
+        with pytest.raises(AssertionError, match="swa_"):
+            test_window_pool_steps_equal_sglangs_own_fa3(None, 1, 0)

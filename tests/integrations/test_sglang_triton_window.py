@@ -30,11 +30,12 @@ def lens(rng: random.Random, n: int, hi: int) -> list[int]:
     return [rng.choice(edges) if rng.random() < 0.5 else rng.randint(1, hi) for _ in range(n)]
 
 
-def writing(server: Server, fb, loc: torch.Tensor):
+def writing(server: Server, fb, loc: torch.Tensor, runner=None):
     """``fb`` writing its tokens at ``loc`` (as the allocator hands slots out), its KV plan bound again to them as
-    ``ForwardBatch.init_new`` binds it (SGLang reads the window write slots through the plan)."""
+    ``ForwardBatch.init_new`` binds it on the ``runner`` that serves it (the target's by default; SGLang reads the
+    window write slots through the plan, with that runner's translator)."""
     fb.out_cache_loc = loc.clone().to(fb.seq_lens.device)
-    t = server.runner.kv_index_translator
+    t = (runner or server.runner).kv_index_translator
     t.own_plan(fb).bind(fb, t, cols=None)
     return fb
 

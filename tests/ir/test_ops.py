@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from attnmeta.compiler.ir import OPS, DType, Op, Placement, SpecBuilder, eval_graph
-from attnmeta.compiler.lowering.kernels import kernel_kwargs
-from attnmeta.compiler.lowering.kernels import KERNELS
+from attnmeta.compiler.lowering.kernels import KERNELS, kernel_kwargs
 
 T = torch.tensor
 
