@@ -1,0 +1,94 @@
+"""FlashAttention's metadata for a sliding-window model whose window layers keep their KV in a pool of their own
+(``window_pool``): the same pages translated into that pool through the engine's ``full_to_swa`` slot table
+(``swa_page_table``: the window pool's page of each page's first slot) and the step's write slots translated
+(``swa_out_cache_loc``). Captured and replayed (padded) steps, decode, verify and draft extend, against
+hand-computed values and the reference interpreter."""
+
+import pytest
+import torch
+
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.compiler.ir import eval_graph
+from attnmeta.compiler.ir.errors import OptionsError
+from attnmeta.runtime import ForwardBatch, ReplayView
+from tests.batches import capture
+from tests.engine import padded_inputs
+
+L, ROWS, MAX_BS, SIZES, D = 128, 12, 4, (1, 4), 3
+
+
+def paged_pool(P: int, seed: int) -> torch.Tensor:
+    """req_to_token as a paged allocator fills it: each row's pages are whole pages (slot = page * P + offset),
+    in random order; row 0 reserved."""
+    g = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(ROWS * L // P, generator=g)[: (ROWS - 1) * L // P].view(ROWS - 1, L // P) + 1
+    t = torch.zeros(ROWS, L, dtype=torch.int32)
+    t[1:] = (pages[:, :, None] * P + torch.arange(P)).reshape(ROWS - 1, L).to(torch.int32)
+    return t
+
+
+def window_table(P: int, seed: int) -> torch.Tensor:
+    """full_to_swa: page-aligned, as SWAKVPool's allocator hands window pages out (slot 0 to 0)."""
+    g = torch.Generator().manual_seed(seed)
+    n = ROWS * L // P + 1
+    perm = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(n - 1, generator=g) + 1])
+    return (perm[:, None] * P + torch.arange(P)).reshape(-1)
+
+
+def batch(mode, bs: int, seed: int) -> ForwardBatch:
+    g = torch.Generator().manual_seed(seed)
+    T = 1 if mode is ForwardMode.DECODE else D
+    seq = torch.randint(1, L - 2 * D, (bs,), generator=g, dtype=torch.int32)
+    rpi = torch.randperm(ROWS - 1, generator=g)[:bs].to(torch.int64) + 1
+    loc = torch.randint(1, ROWS * L, (bs * T,), generator=g)
+    kw = {}
+    if mode is ForwardMode.DRAFT_EXTEND:
+        ext = torch.full((bs,), D, dtype=torch.int32)
+        kw = dict(extend_seq_lens=ext, extend_seq_lens_cpu=ext)
+    return ForwardBatch(mode, bs, req_pool_indices=rpi, req_pool_indices_cpu=rpi, seq_lens=seq, seq_lens_cpu=seq,
+                        seq_lens_sum=int(seq.sum()), out_cache_loc=loc, **kw)
+
+
+def check(cb, be, fb, bs, pool, f2s, P) -> None:
+    m, mode = be.forward_metadata, fb.forward_mode
+    keys = fb.seq_lens.long() + (D if mode is ForwardMode.TARGET_VERIFY else 0)
+    for i in range(fb.batch_size):  # by hand: each page's first slot, translated, as a page of the window pool
+        pages = -(-int(keys[i]) // P)
+        want = [int(f2s[int(pool[int(fb.req_pool_indices[i]), k * P])]) // P for k in range(pages)]
+        assert m.swa_page_table[i, :pages].tolist() == want, (mode, i)
+    n = fb.out_cache_loc.numel()
+    assert m.swa_out_cache_loc[:n].tolist() == f2s[fb.out_cache_loc].tolist()
+    assert m.cache_seqlens_int32[: fb.batch_size].tolist() == keys.tolist()  # the full layers' keys, unchanged
+    g = cb.plan(mode, bs).graph
+    ref = eval_graph(g, padded_inputs(g, fb, bs, {"req_to_token": pool, "full_to_swa": f2s}))
+    assert torch.equal(m.swa_page_table[:bs], ref["swa_page_table"])
+    assert torch.equal(m.swa_out_cache_loc[:n], ref["swa_out_cache_loc"][:n])
+
+
+@pytest.mark.parametrize("P", [1, 16])
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND],
+                         ids=["decode", "verify", "extend"])
+def test_window_pool_pages_and_write_slots(mode, P):
+    cb = compile_backend("flashattention", CompileOptions(
+        max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, page_size=P, sliding_window=24, window_pool=True,
+        num_draft_tokens=D, modes=("decode", "idle", "target_verify", "draft_extend")))
+    pool, f2s = paged_pool(P, 1), window_table(P, 2)
+    for bs in SIZES:
+        be = cb.instantiate(pool, pools={"full_to_swa": f2s})
+        cap = batch(mode, bs, bs)
+        g = capture(be, cap)
+        check(cb, be, cap, bs, pool, f2s, P)
+        for seed, raw in [(11, bs), (12, max(bs - 1, 1))]:  # another batch, and one padded to the captured size
+            fb = batch(mode, raw, seed)
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            g.replay()
+            check(cb, be, fb, bs, pool, f2s, P)
+
+
+def test_a_window_pool_is_refused_where_it_is_not_planned():
+    base = dict(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, sliding_window=24, window_pool=True)
+    with pytest.raises(OptionsError, match="topk > 1"):
+        compile_backend("flashattention", CompileOptions(**base, topk=4, num_draft_tokens=8, num_steps=3,
+                                                         modes=("target_verify",)))
+    with pytest.raises(OptionsError, match="draft decode"):
+        compile_backend("flashattention_draft", CompileOptions(**base, num_steps=3))
