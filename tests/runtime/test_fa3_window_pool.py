@@ -35,7 +35,7 @@ def window_table(P: int, seed: int) -> torch.Tensor:
     return (perm[:, None] * P + torch.arange(P)).reshape(-1)
 
 
-def batch(mode, bs: int, seed: int) -> ForwardBatch:
+def batch(mode, bs: int, seed: int, dev="cpu") -> ForwardBatch:
     g = torch.Generator().manual_seed(seed)
     T = 1 if mode is ForwardMode.DECODE else D
     seq = torch.randint(1, L - 2 * D, (bs,), generator=g, dtype=torch.int32)
@@ -45,13 +45,16 @@ def batch(mode, bs: int, seed: int) -> ForwardBatch:
     if mode is ForwardMode.DRAFT_EXTEND:
         ext = torch.full((bs,), D, dtype=torch.int32)
         kw = dict(extend_seq_lens=ext, extend_seq_lens_cpu=ext)
-    return ForwardBatch(mode, bs, req_pool_indices=rpi, req_pool_indices_cpu=rpi, seq_lens=seq, seq_lens_cpu=seq,
-                        seq_lens_sum=int(seq.sum()), out_cache_loc=loc, **kw)
+    if "extend_seq_lens" in kw:
+        kw["extend_seq_lens"] = kw["extend_seq_lens"].to(dev)
+    return ForwardBatch(mode, bs, req_pool_indices=rpi.to(dev), req_pool_indices_cpu=rpi, seq_lens=seq.to(dev),
+                        seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()), out_cache_loc=loc.to(dev), **kw)
 
 
-def check(cb, be, fb, bs, pool, f2s, P) -> None:
+def check(cb, be, fb, bs, pool, f2s, P, interpreter: bool = True) -> None:
+    """The window pool's fields by hand (and the full layers' keys), then against the reference interpreter."""
     m, mode = be.forward_metadata, fb.forward_mode
-    keys = fb.seq_lens.long() + (D if mode is ForwardMode.TARGET_VERIFY else 0)
+    keys = fb.seq_lens_cpu.long() + (D if mode is ForwardMode.TARGET_VERIFY else 0)
     for i in range(fb.batch_size):  # by hand: each page's first slot, translated, as a page of the window pool
         pages = -(-int(keys[i]) // P)
         want = [int(f2s[int(pool[int(fb.req_pool_indices[i]), k * P])]) // P for k in range(pages)]
@@ -59,6 +62,8 @@ def check(cb, be, fb, bs, pool, f2s, P) -> None:
     n = fb.out_cache_loc.numel()
     assert m.swa_out_cache_loc[:n].tolist() == f2s[fb.out_cache_loc].tolist()
     assert m.cache_seqlens_int32[: fb.batch_size].tolist() == keys.tolist()  # the full layers' keys, unchanged
+    if not interpreter:
+        return
     g = cb.plan(mode, bs).graph
     ref = eval_graph(g, padded_inputs(g, fb, bs, {"req_to_token": pool, "full_to_swa": f2s}))
     assert torch.equal(m.swa_page_table[:bs], ref["swa_page_table"])
