@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from attnmeta.compiler import CompileOptions
 from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime.metadata import step_prefix
 
 from ..common import decode_inputs, sub_rows, verify_mask
@@ -37,6 +38,9 @@ def tree_verify(b: SpecBuilder, options: CompileOptions, seq_lens, rpi, req_to_t
     The stable partition is unrolled over the D columns (D is small: the draft tokens) into per-row
     counts and selects, so the whole expansion is one fused kernel over the bs * D rows, with no sort."""
     D, P = options.num_draft_tokens, options.page_size
+    if options.sliding_window and P > 1:
+        raise OptionsError(f"flashattention: a sliding window under EAGLE topk > 1 is planned at page size 1 (as "
+                           f"SGLang plans its merged window), not {P} (--page-size)")
     with b.in_graph():
         cache_seqlens = b.copy(seq_lens, name="cache_seqlens_int32")
         cu_seqlens_q = b.arange("bs + 1", step=D, name="cu_seqlens_q")
@@ -57,22 +61,43 @@ def tree_verify(b: SpecBuilder, options: CompileOptions, seq_lens, rpi, req_to_t
             count = b.ewise("add", count, b.cast(seen[c], I32))
         cols = b.arange(D)
         at = _spread(b, seq, D)  # every entry of the row is overwritten below
+        slots = []
         for c in range(D):
             # visible: after the visible ones before it; hidden: after every visible one and the hidden ones before
-            slot = b.where(seen[c], before[c], b.ewise("add", b.ewise("sub", count, before[c]), c))
-            at = b.where(b.outer("eq", slot, cols), _spread(b, b.ewise("add", seq, c), D), at)
+            slots.append(b.where(seen[c], before[c], b.ewise("add", b.ewise("sub", count, before[c]), c)))
+            at = b.where(b.outer("eq", slots[c], cols), _spread(b, b.ewise("add", seq, c), D), at)
         expand_page_table = b.gather_rows(req_to_token, rows, at, name="expand_page_table")
         expand_lens = b.copy(count, name="expand_cache_seqlens_int32")
         expand_cu_k = b.cumsum(count, name="expand_cu_seqlens_k")
         expand_cu_q = b.arange(f"{D}*bs + 1", name="expand_cu_seqlens_q")
+        window = _window(b, options, req_to_token, rows, seq, seen, slots, count) if options.sliding_window else {}
     with b.out_graph():
         max_q = b.full(D, [], I32, Placement.host, name="max_seq_len_q")
         max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
     b.outputs(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
               page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k, custom_mask=mask,
               expand_cache_seqlens_int32=expand_lens, expand_cu_seqlens_q=expand_cu_q,
-              expand_cu_seqlens_k=expand_cu_k, expand_page_table=expand_page_table)
+              expand_cu_seqlens_k=expand_cu_k, expand_page_table=expand_page_table, **window)
     return b.build()
+
+
+def _window(b: SpecBuilder, options: CompileOptions, req_to_token, rows, seq, seen, slots, count) -> dict:
+    """The window layers' attention of a tree verify (SGLang's ``swa_spec_metadata``): FA3 applies a window to one
+    sequence, so each draft query row gets one, its request's cached keys followed by the drafts its tree-mask
+    row shows, in the expansion's order (``swa_spec_*``: keys ``seq + visible``, their running sum, and the
+    token slots of that sequence, page size 1 as SGLang plans it)."""
+    D = options.num_draft_tokens
+    width = options.max_context_len + D
+    rows_n = f"{D}*bs"
+    cc = b.arange(width)
+    col = b.where(b.outer("gt", seq, cc), b.outer("add", b.full(0, [rows_n], DType.int32), cc),
+                  _spread(b, b.full(-1, [rows_n], DType.int32), width))  # the cached keys, in order
+    for c in range(D):  # a visible draft at the prefix's end plus its slot among the visible ones
+        at = b.where(seen[c], b.ewise("add", seq, slots[c]), b.full(-1, [rows_n], DType.int32))
+        col = b.where(b.outer("eq", at, cc), _spread(b, b.ewise("add", seq, c), width), col)
+    keys = b.ewise("add", seq, count, name="swa_spec_cache_seqlens_int32")
+    return {"swa_spec_cache_seqlens_int32": keys, "swa_spec_cu_seqlens_k": b.cumsum(keys, name="swa_spec_cu_seqlens_k"),
+            "swa_spec_page_table": b.gather_rows(req_to_token, rows, col, name="swa_spec_page_table")}
 
 
 def tree_draft(b: SpecBuilder, options: CompileOptions) -> Graph:

@@ -19,9 +19,13 @@ own (``SWAKVPool``), they read the same pages translated into it (``swa_page_tab
 slots translated (``swa_out_cache_loc``), from the same recorded kernel; attnmeta's drafter does not plan that
 pool (the error names SGLang's own fa3 drafter, ``--speculative-draft-attention-backend fa3``).
 
-What it does not serve yet is refused at start with the reason (``unserved``): sliding windows under EAGLE
-topk > 1, prefill-aware windows, chunked local attention, MLA on FA3, the FA4 kernels, a translated (unified)
-KV pool, a sharded KV pool, encoder-decoder models.
+Under EAGLE topk > 1 the window layers verify in one attention per draft query over its cached keys and the
+drafts its tree-mask row shows (``swa_spec_metadata``), built in the same recorded kernel, at page size 1 as
+SGLang plans it.
+
+What it does not serve yet is refused at start with the reason (``unserved``): windows under EAGLE topk > 1 at
+page sizes past 1 or with a window pool, prefill-aware windows, chunked local attention, MLA on FA3, the FA4
+kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
 "schedule inside the kernel": SGLang computes it once at capture, from the capture batch, and reuses it
@@ -78,8 +82,10 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                   # layers read the pages translated); topk > 1's window merges the tree per query
                   (self.use_sliding_window_kv_pool and self.token_to_kv_pool.full_to_swa_index_mapping is None,
                    "a sliding-window pool without its full-to-window slot table"),
-                  (self.has_swa and self._tree(), "sliding-window attention with EAGLE topk > 1 (its merged window "
-                                                  "metadata, swa_spec_metadata)"),
+                  (self.has_swa and self._tree() and self.page_size > 1,
+                   "sliding-window attention under EAGLE topk > 1 at page size > 1 (SGLang's own fa3 plans its merged "
+                   "window at page size 1 only)"),
+                  (self.use_sliding_window_kv_pool and self._tree(), "a sliding-window pool under EAGLE topk > 1"),
                   (getattr(self, "is_prefill_aware_swa", False), "prefill-aware sliding-window attention"),
                   (self.local_attn_builder is not None, "chunked local attention"),
                   (self.use_mla, "MLA models on FlashAttention"),
@@ -111,6 +117,9 @@ class FA3Backend(CompiledModes, _SGLangFA3):
             meta.swa_page_table, meta.swa_out_cache_loc = m.swa_page_table, m.swa_out_cache_loc
         if not hasattr(m, "expand_page_table"):
             return meta, None
+        if hasattr(m, "swa_spec_page_table"):  # the window layers: one sequence per draft query, keys then drafts
+            meta.swa_spec_metadata = _metadata(m.swa_spec_cache_seqlens_int32, m.expand_cu_seqlens_q,
+                                               m.swa_spec_cu_seqlens_k, m.swa_spec_page_table, 1, m.max_seq_len_k)
         # the drafts' attention: one query per row over the drafts its tree-mask row shows
         return meta, _metadata(m.expand_cache_seqlens_int32, m.expand_cu_seqlens_q, m.expand_cu_seqlens_k,
                                m.expand_page_table, 1, m.max_seq_len_k)

@@ -20,7 +20,7 @@ from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
 from tests.integrations.served_pairs import serve, side_by_side
 from tests.integrations.sglang_server import ROWS, Runners, Server, draft_decode, draft_decode_view
-from tests.integrations.test_sglang_fa3_served import eagle, same
+from tests.integrations.test_sglang_fa3_served import eagle, same, same_expand
 from tests.integrations.test_sglang_triton_window import W, lens
 
 
@@ -31,7 +31,21 @@ def fa3():
         yield
 
 
-@pytest.mark.parametrize("page, topk", [(1, 0), (16, 0), (16, 1)], ids=["page1", "page16", "page16-eagle"])
+def same_swa_spec(ours, theirs, rows: int, what: str) -> None:
+    """topk > 1's window attention (``swa_spec_metadata``): per draft query row, its keys (cached, then the drafts
+    its tree-mask row shows), their token slots, both indptrs."""
+    assert (ours is None) is (theirs is None), what
+    keys = theirs.cache_seqlens_int32[:rows].tolist()
+    assert ours.cache_seqlens_int32[:rows].tolist() == keys, (what, "swa_spec cache_seqlens_int32")
+    for r, k in enumerate(keys):
+        assert ours.page_table[r, :k].tolist() == theirs.page_table[r, :k].tolist(), (what, "swa_spec page_table", r)
+    for f in ("cu_seqlens_q", "cu_seqlens_k"):
+        assert getattr(ours, f)[: rows + 1].tolist() == getattr(theirs, f)[: rows + 1].tolist(), (what, "swa_spec", f)
+    assert int(ours.max_seq_len_q) == int(theirs.max_seq_len_q) == 1, what
+
+
+@pytest.mark.parametrize("page, topk", [(1, 0), (16, 0), (16, 1), (1, 4)],
+                         ids=["page1", "page16", "page16-eagle", "page1-topk4"])
 def test_window_steps_equal_sglangs_own_fa3(fa3, page, topk):
     s = Server(["--attention-backend", "attnmeta_fa3", "--page-size", str(page), *(eagle(topk) if topk else [])],
                seed=21 + page, window=W)
@@ -48,7 +62,13 @@ def test_window_steps_equal_sglangs_own_fa3(fa3, page, topk):
         serve(s, runners, mode, rows, seq, step, replayed, bare=step % 5 == 4)
         ours, theirs = runners[0].backend, runners[1].backend
         assert ours._ours is not None  # attnmeta's compiled plan served it
-        same(ours.forward_metadata, theirs.forward_metadata, n, P, f"window page {P} {mode} step {step}")
+        what = f"window page {P} {mode} step {step}"
+        same(ours.forward_metadata, theirs.forward_metadata, n, P, what)
+        if mode == "verify" and topk > 1:  # the tree's two attentions, and the window layers' one
+            same_expand(ours.forward_metadata_spec_decode_expand, theirs.forward_metadata_spec_decode_expand, n * D,
+                        what)
+            same_swa_spec(ours.forward_metadata.swa_spec_metadata, theirs.forward_metadata.swa_spec_metadata, n * D,
+                          what)
     if not topk:
         return
     # EAGLE's draft decode: each step's child backend (SGLang's, with the window) beside SGLang's own drafter's
@@ -70,7 +90,7 @@ def test_window_steps_equal_sglangs_own_fa3(fa3, page, topk):
                     r.replay(fb, "draft", draft_decode_view(fb, r.bucket(n), r.fill))
         assert mine._ours is not None  # attnmeta's compiled round served it
         for k, (a, b) in enumerate(zip(mine.attn_backends, theirs.attn_backends, strict=True)):
-            same(a.forward_metadata, b.forward_metadata, n, P, f"window draft step {k} ({step})")
+            same(a.forward_metadata, b.forward_metadata, n, P, f"window draft step {k} ({step})", key_indptr=topk == 1)
 
 
 def test_the_window_comparison_can_fail(fa3):
@@ -88,8 +108,11 @@ def test_the_window_comparison_can_fail(fa3):
 def test_what_attnmeta_fa3_does_not_plan_of_windows_is_refused_by_name(fa3):
     with pytest.raises(OptionsError, match=r"--speculative-draft-attention-backend fa3"):
         Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], window=W, window_pool=True)  # attnmeta's drafter
-    with pytest.raises(OptionsError, match=r"sliding-window attention with EAGLE topk > 1.*--attention-backend fa3"):
-        Server(["--attention-backend", "attnmeta_fa3", *eagle(4)], window=W)
+    with pytest.raises(OptionsError, match=r"topk > 1 at page size > 1.*--attention-backend fa3"):
+        Server(["--attention-backend", "attnmeta_fa3", "--page-size", "16", *eagle(4)], window=W)
+    with pytest.raises(OptionsError, match=r"sliding-window pool under EAGLE topk > 1"):
+        Server(["--attention-backend", "attnmeta_fa3", *eagle(4), "--speculative-draft-attention-backend", "fa3"],
+               window=W, window_pool=True)
 
 
 def _swa_same(ours, theirs, live: int, tokens: int, P: int, what: str) -> None:

@@ -11,6 +11,7 @@ import torch
 from attnmeta.backends.flashattention.eager import EagerFlashAttentionTreeVerify
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
+from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime import ReplayView
 from tests.batches import capture, interp_inputs, make_batch, make_pool
 
@@ -33,9 +34,10 @@ def tree_mask(seq: list[int], D: int, g: torch.Generator) -> torch.Tensor:
 
 
 def compiled(D: int, P: int):
+    """At page size 1 on a sliding-window model too: the window attention's fields meet the interpreter as well."""
     return compile_backend("flashattention", CompileOptions(
         modes=(M.DECODE, M.TARGET_VERIFY), max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, page_size=P,
-        num_draft_tokens=D, topk=4, num_steps=3))
+        num_draft_tokens=D, topk=4, num_steps=3, sliding_window=8 if P == 1 else 0))
 
 
 def check(cb, be, fb, mask, bs, pool, P, D):
@@ -114,6 +116,46 @@ def test_tree_verify_by_hand():
     assert m.expand_cu_seqlens_k.tolist() == [0, 1, 3, 5] and m.expand_cu_seqlens_q.tolist() == [0, 1, 2, 3]
     # drafts' slots are 103, 104, 105: visible first, in order, then the hidden ones
     assert m.expand_page_table.tolist() == [[103, 104, 105], [103, 104, 105], [103, 105, 104]]
+    assert not hasattr(m, "swa_spec_page_table")  # no window, no window attention
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
+def test_tree_verify_window_by_hand(replayed):
+    """The same tree on a sliding-window model: the window layers' one attention per draft query (SGLang's
+    ``swa_spec_metadata``) runs over the cached keys, then the drafts the query's mask row shows, in the
+    expansion's order; a second request of 2 cached tokens with the drafts in a chain."""
+    D = 3
+    cb = compile_backend("flashattention", CompileOptions(modes=(M.TARGET_VERIFY,), max_bs=2, capture_sizes=(2,),
+                                                          max_context_len=16, num_draft_tokens=D, topk=2, num_steps=2,
+                                                          sliding_window=4))
+    pool = torch.zeros(3, 16, dtype=torch.int32)
+    pool[1], pool[2] = torch.arange(100, 116), torch.arange(200, 216)
+    be = cb.instantiate(pool)
+    fb = make_batch(2, 16, 3, seed=0, mode=M.TARGET_VERIFY)
+    fb.req_pool_indices[:], fb.req_pool_indices_cpu[:] = torch.tensor([1, 2]), torch.tensor([1, 2])
+    fb.seq_lens[:], fb.seq_lens_cpu[:] = torch.tensor([3, 2]), torch.tensor([3, 2])
+    one = [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]
+    chain = [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    mask = torch.cat([torch.tensor(one, dtype=torch.bool).flatten(), torch.tensor(chain, dtype=torch.bool).flatten()])
+    if replayed:
+        graph = capture(be, make_batch(2, 16, 3, seed=1, mode=M.TARGET_VERIFY, max_len=3))
+        step(be, fb, mask, 2, graph)
+    else:
+        step(be, fb, mask, 2)
+    m = be.forward_metadata
+    assert m.swa_spec_cache_seqlens_int32.tolist() == [4, 5, 5, 3, 4, 5]
+    assert m.swa_spec_cu_seqlens_k.tolist() == [0, 4, 9, 14, 17, 21, 26]
+    rows = [[100, 101, 102, 103], [100, 101, 102, 103, 104], [100, 101, 102, 103, 105],
+            [200, 201, 202], [200, 201, 202, 203], [200, 201, 202, 203, 204]]
+    for r, want in enumerate(rows):
+        assert m.swa_spec_page_table[r, : len(want)].tolist() == want, r
+
+
+def test_a_window_under_a_tree_is_planned_at_page_size_1_only():
+    with pytest.raises(OptionsError, match="page size 1"):
+        compile_backend("flashattention", CompileOptions(modes=(M.TARGET_VERIFY,), max_bs=2, max_context_len=64,
+                                                         page_size=16, num_draft_tokens=3, topk=2, num_steps=2,
+                                                         sliding_window=4))
 
 
 # --- EAGLE's draft decode with topk > 1 (flashattention_draft compiled with topk > 1) ---
