@@ -20,7 +20,7 @@ from .lowering.fx import LoweredPlan
 from .modes import ForwardMode
 from .options import CompileOptions
 from .pipeline import GENERIC_PASSES, PER_BS_PASSES, compile_size, compile_spec
-from .spec import BackendSpec, get_spec, load_plugin
+from .spec import BackendSpec, get_spec, load_plugin, windowed
 
 log = logging.getLogger("attnmeta.compile")
 
@@ -184,6 +184,10 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if spec.page_sizes and options.page_size not in spec.page_sizes:
         raise OptionsError(f"backend {spec.name!r} serves page sizes {list(spec.page_sizes)}, not "
                            f"{options.page_size} (--page-size)")
+    if options.sliding_window and not spec.windows:
+        raise OptionsError(f"backend {spec.name!r} does not plan sliding-window layers (sliding_window="
+                           f"{options.sliding_window}); backends that do: {windowed()}; or "
+                           f"compile without --sliding-window")
     if options.backend is not None and not (spec.options_type and isinstance(options.backend, spec.options_type)):
         takes = f"takes {spec.options_type.__name__}" if spec.options_type else "has no options of its own"
         raise OptionsError(f"backend {spec.name!r} {takes}, got backend={options.backend!r}")

@@ -36,6 +36,9 @@ class BackendSpec:
     headroom: Callable[[ForwardMode, CompileOptions], int] = lambda mode, options: 0
     # The page sizes its kernels serve (empty: any); compile_backend refuses others by name.
     page_sizes: tuple[int, ...] = ()
+    # Whether it plans sliding-window layers (CompileOptions.sliding_window, window_pool): a spec that does not is
+    # refused a window by name, so an artifact never looks windowed while it plans the full layers only.
+    windows: bool = False
     # The planners its host_calls name, as stand-ins a backend gets unless the caller passes its own:
     # target -> a zero-argument factory (a fresh planner per instantiated backend).
     planners: Mapping[str, Callable[[], object]] = attrs.field(factory=dict, eq=False)
@@ -70,6 +73,11 @@ def _installed() -> dict[str, BackendSpec]:
 
 def list_backends() -> list[str]:
     return sorted({**_installed(), **_REGISTERED})
+
+
+def windowed() -> list[str]:
+    """The known backends that plan sliding-window layers."""
+    return [n for n in list_backends() if get_spec(n).windows]
 
 
 def backend_options(ref: str | BackendSpec, **given):

@@ -79,7 +79,7 @@ def window_pool(b: SpecBuilder, page_table, options: CompileOptions, tokens: str
 
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W",
-                   headroom=verify_headroom)
+                   headroom=verify_headroom, windows=True)
 TRTLLM_MHA_SPEC = BackendSpec("trtllm_mha", build_trtllm_mha,
                               (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                               doc="TRT-LLM MHA (Hopper, Blackwell): FlashAttention's metadata, draft extend strided "
@@ -115,4 +115,4 @@ DRAFT_SPEC = BackendSpec("flashattention_draft", build_draft, (ForwardMode.DECOD
                          doc="FlashAttention draft decode: every step's metadata, S steps (topk > 1: each branch's "
                              "drafts in a second attention)",
                          headroom=lambda mode, options: options.num_steps if options.topk <= 1 else
-                         branch_headroom(mode, options))
+                         branch_headroom(mode, options), windows=True)

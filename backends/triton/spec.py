@@ -166,4 +166,4 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token, options: C
 
 SPEC = BackendSpec("triton", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner",
-                   options_type=TritonOptions)
+                   options_type=TritonOptions, windows=True)
