@@ -35,9 +35,6 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
     b = SpecBuilder(f"{name}.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
     if mode.is_target_verify() and options.topk > 1 and not strided_extend:
-        if options.window_pool:
-            raise OptionsError(f"{name}: a sliding-window pool under EAGLE topk > 1 is not planned (its merged window "
-                               "metadata); serve it with SGLang's own fa3, or without the window pool")
         return tree_verify(b, options, seq_lens, rpi, req_to_token)
     T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
     ext = extend_lens(b) if mode.is_draft_extend() and not strided_extend else None

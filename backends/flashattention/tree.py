@@ -10,7 +10,7 @@ branches are page-aligned regions of the request table, read as page tables are.
 from __future__ import annotations
 
 from attnmeta.compiler import CompileOptions
-from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
 from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime.metadata import step_prefix
 
@@ -85,7 +85,8 @@ def _window(b: SpecBuilder, options: CompileOptions, req_to_token, rows, seq, se
     """The window layers' attention of a tree verify (SGLang's ``swa_spec_metadata``): FA3 applies a window to one
     sequence, so each draft query row gets one, its request's cached keys followed by the drafts its tree-mask
     row shows, in the expansion's order (``swa_spec_*``: keys ``seq + visible``, their running sum, and the
-    token slots of that sequence, page size 1 as SGLang plans it)."""
+    token slots of that sequence, page size 1 as SGLang plans it); with a window pool those slots and the drafts'
+    write slots translated into it."""
     D = options.num_draft_tokens
     width = options.max_context_len + D
     rows_n = f"{D}*bs"
@@ -96,8 +97,17 @@ def _window(b: SpecBuilder, options: CompileOptions, req_to_token, rows, seq, se
         at = b.where(seen[c], b.ewise("add", seq, slots[c]), b.full(-1, [rows_n], DType.int32))
         col = b.where(b.outer("eq", at, cc), _spread(b, b.ewise("add", seq, c), width), col)
     keys = b.ewise("add", seq, count, name="swa_spec_cache_seqlens_int32")
-    return {"swa_spec_cache_seqlens_int32": keys, "swa_spec_cu_seqlens_k": b.cumsum(keys, name="swa_spec_cu_seqlens_k"),
-            "swa_spec_page_table": b.gather_rows(req_to_token, rows, col, name="swa_spec_page_table")}
+    out = {"swa_spec_cache_seqlens_int32": keys, "swa_spec_cu_seqlens_k": b.cumsum(keys, name="swa_spec_cu_seqlens_k")}
+    if not options.window_pool:
+        out["swa_spec_page_table"] = b.gather_rows(req_to_token, rows, col, name="swa_spec_page_table")
+        return out
+    # the window layers' KV in a pool of their own: the same sequence's slots there, and the drafts' write slots
+    full_to_swa = b.pool("full_to_swa", DType.int64, ["N"])
+    out_loc = b.input("out_cache_loc", DType.int64, [rows_n], fill=0, kind=Kind.slot)
+    out["swa_spec_page_table"] = b.cast(b.lookup(full_to_swa, b.gather_rows(req_to_token, rows, col)), DType.int32,
+                                        name="swa_spec_page_table")
+    out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
+    return out
 
 
 def tree_draft(b: SpecBuilder, options: CompileOptions) -> Graph:

@@ -24,7 +24,7 @@ drafts its tree-mask row shows (``swa_spec_metadata``), built in the same record
 SGLang plans it.
 
 What it does not serve yet is refused at start with the reason (``unserved``): windows under EAGLE topk > 1 at
-page sizes past 1 or with a window pool, prefill-aware windows, chunked local attention, MLA on FA3, the FA4
+page sizes past 1, prefill-aware windows, chunked local attention, MLA on FA3, the FA4
 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
@@ -85,7 +85,6 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                   (self.has_swa and self._tree() and self.page_size > 1,
                    "sliding-window attention under EAGLE topk > 1 at page size > 1 (SGLang's own fa3 plans its merged "
                    "window at page size 1 only)"),
-                  (self.use_sliding_window_kv_pool and self._tree(), "a sliding-window pool under EAGLE topk > 1"),
                   (getattr(self, "is_prefill_aware_swa", False), "prefill-aware sliding-window attention"),
                   (self.local_attn_builder is not None, "chunked local attention"),
                   (self.use_mla, "MLA models on FlashAttention"),
@@ -114,7 +113,8 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         meta = _metadata(m.cache_seqlens_int32, m.cu_seqlens_q, m.cu_seqlens_k, m.page_table, m.max_seq_len_q,
                          m.max_seq_len_k)
         if self.attnmeta.compiled.options.window_pool:  # the window layers' pages and write slots, in their pool
-            meta.swa_page_table, meta.swa_out_cache_loc = m.swa_page_table, m.swa_out_cache_loc
+            meta.swa_page_table = getattr(m, "swa_page_table", None)  # a tree verify's are its window attention's
+            meta.swa_out_cache_loc = m.swa_out_cache_loc
         if not hasattr(m, "expand_page_table"):
             return meta, None
         if hasattr(m, "swa_spec_page_table"):  # the window layers: one sequence per draft query, keys then drafts

@@ -110,14 +110,15 @@ def test_what_attnmeta_fa3_does_not_plan_of_windows_is_refused_by_name(fa3):
         Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], window=W, window_pool=True)  # attnmeta's drafter
     with pytest.raises(OptionsError, match=r"topk > 1 at page size > 1.*--attention-backend fa3"):
         Server(["--attention-backend", "attnmeta_fa3", "--page-size", "16", *eagle(4)], window=W)
-    with pytest.raises(OptionsError, match=r"sliding-window pool under EAGLE topk > 1"):
-        Server(["--attention-backend", "attnmeta_fa3", *eagle(4), "--speculative-draft-attention-backend", "fa3"],
-               window=W, window_pool=True)
+    with pytest.raises(OptionsError, match=r"--speculative-draft-attention-backend fa3"):
+        Server(["--attention-backend", "attnmeta_fa3", *eagle(4)], window=W, window_pool=True)
 
 
 def _swa_same(ours, theirs, live: int, tokens: int, P: int, what: str) -> None:
-    """The window pool's fields: each live row's pages (as many as its keys cover) and the step's write slots."""
-    for i, k in enumerate(theirs.cache_seqlens_int32[:live].tolist()):
+    """The window pool's fields: each live row's pages (as many as its keys cover; a tree verify has none, its
+    window attention's are translated instead) and the step's write slots."""
+    assert (ours.swa_page_table is None) is (theirs.swa_page_table is None), what
+    for i, k in enumerate(theirs.cache_seqlens_int32[:live].tolist() if theirs.swa_page_table is not None else []):
         pages = -(-k // P)
         assert ours.swa_page_table[i, :pages].tolist() == theirs.swa_page_table[i, :pages].tolist(), \
             (what, "swa_page_table", i)
@@ -125,7 +126,8 @@ def _swa_same(ours, theirs, live: int, tokens: int, P: int, what: str) -> None:
         (what, "swa_out_cache_loc")
 
 
-@pytest.mark.parametrize("page, topk", [(1, 0), (16, 0), (16, 1)], ids=["page1", "page16", "page16-eagle"])
+@pytest.mark.parametrize("page, topk", [(1, 0), (16, 0), (16, 1), (1, 4)],
+                         ids=["page1", "page16", "page16-eagle", "page1-topk4"])
 def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
     """SGLang's ``SWAKVPool``: the window layers read every page translated into their pool and write the step's
     slots translated; decode, and under EAGLE (SGLang's own fa3 drafter, as the drafter error says) the target's
@@ -176,6 +178,8 @@ def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
         what = f"window pool page {P} {key} step {step} replayed={replayed}"
         same(ours, theirs, n, P, what)
         _swa_same(ours, theirs, n, n * D, P, what)
+        if key == "verify" and topk > 1:
+            same_swa_spec(ours.swa_spec_metadata, theirs.swa_spec_metadata, n * D, what)
 
 
 def test_the_window_pool_comparison_can_fail(fa3):

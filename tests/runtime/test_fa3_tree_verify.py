@@ -119,26 +119,33 @@ def test_tree_verify_by_hand():
     assert not hasattr(m, "swa_spec_page_table")  # no window, no window attention
 
 
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
 @pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
-def test_tree_verify_window_by_hand(replayed):
+def test_tree_verify_window_by_hand(replayed, window_pool):
     """The same tree on a sliding-window model: the window layers' one attention per draft query (SGLang's
     ``swa_spec_metadata``) runs over the cached keys, then the drafts the query's mask row shows, in the
-    expansion's order; a second request of 2 cached tokens with the drafts in a chain."""
+    expansion's order; a second request of 2 cached tokens with the drafts in a chain. With a window pool
+    (here slot s of the full pool is s + 1000 of the window's) those slots and the drafts' write slots are
+    the window pool's."""
     D = 3
     cb = compile_backend("flashattention", CompileOptions(modes=(M.TARGET_VERIFY,), max_bs=2, capture_sizes=(2,),
                                                           max_context_len=16, num_draft_tokens=D, topk=2, num_steps=2,
-                                                          sliding_window=4))
+                                                          sliding_window=4, window_pool=window_pool))
     pool = torch.zeros(3, 16, dtype=torch.int32)
     pool[1], pool[2] = torch.arange(100, 116), torch.arange(200, 216)
-    be = cb.instantiate(pool)
+    shift = 1000 if window_pool else 0
+    be = cb.instantiate(pool, pools={"full_to_swa": torch.arange(300) + shift} if window_pool else None)
     fb = make_batch(2, 16, 3, seed=0, mode=M.TARGET_VERIFY)
+    fb.out_cache_loc = torch.tensor([103, 104, 105, 202, 203, 204])
     fb.req_pool_indices[:], fb.req_pool_indices_cpu[:] = torch.tensor([1, 2]), torch.tensor([1, 2])
     fb.seq_lens[:], fb.seq_lens_cpu[:] = torch.tensor([3, 2]), torch.tensor([3, 2])
     one = [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]
     chain = [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
     mask = torch.cat([torch.tensor(one, dtype=torch.bool).flatten(), torch.tensor(chain, dtype=torch.bool).flatten()])
     if replayed:
-        graph = capture(be, make_batch(2, 16, 3, seed=1, mode=M.TARGET_VERIFY, max_len=3))
+        cap = make_batch(2, 16, 3, seed=1, mode=M.TARGET_VERIFY, max_len=3)
+        cap.out_cache_loc = torch.zeros(2 * D, dtype=torch.int64)
+        graph = capture(be, cap)
         step(be, fb, mask, 2, graph)
     else:
         step(be, fb, mask, 2)
@@ -148,7 +155,9 @@ def test_tree_verify_window_by_hand(replayed):
     rows = [[100, 101, 102, 103], [100, 101, 102, 103, 104], [100, 101, 102, 103, 105],
             [200, 201, 202], [200, 201, 202, 203], [200, 201, 202, 203, 204]]
     for r, want in enumerate(rows):
-        assert m.swa_spec_page_table[r, : len(want)].tolist() == want, r
+        assert m.swa_spec_page_table[r, : len(want)].tolist() == [x + shift for x in want], r
+    if window_pool:
+        assert m.swa_out_cache_loc.tolist()[:6] == [1103, 1104, 1105, 1202, 1203, 1204]
 
 
 def test_a_window_under_a_tree_is_planned_at_page_size_1_only():

@@ -92,8 +92,8 @@ def test_window_pool_pages_and_write_slots(mode, P):
 
 def test_a_window_pool_is_refused_where_it_is_not_planned():
     base = dict(max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, sliding_window=24, window_pool=True)
-    with pytest.raises(OptionsError, match="topk > 1"):
+    with pytest.raises(OptionsError, match="page size 1"):
         compile_backend("flashattention", CompileOptions(**base, topk=4, num_draft_tokens=8, num_steps=3,
-                                                         modes=("target_verify",)))
+                                                         modes=("target_verify",), page_size=16))
     with pytest.raises(OptionsError, match="draft decode"):
         compile_backend("flashattention_draft", CompileOptions(**base, num_steps=3))
