@@ -58,20 +58,26 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
     return b.build()
 
 
-def window_pool(b: SpecBuilder, page_table, options: CompileOptions, tokens: str) -> dict:
+def window_pool(b: SpecBuilder, page_table, options: CompileOptions, tokens) -> dict:
     """A sliding-window model whose window layers keep their KV in a pool of their own (SGLang's ``SWAKVPool``):
     those layers read the same pages translated into that pool through its ``full_to_swa`` slot table
-    (``swa_page_table``: the window pool's page of each page's first slot) and write the step's ``tokens`` slots
-    translated the same way (``swa_out_cache_loc``). FA3's kernel applies the window itself, over every page."""
-    P = options.page_size
+    (``swa_page_table``: the window pool's page of each page's first slot) and write the step's ``tokens`` write
+    slots (the batch's ``out_cache_loc``, so many per step) translated the same way (``swa_out_cache_loc``).
+    FA3's kernel applies the window itself, over every page."""
     full_to_swa = b.pool("full_to_swa", I64, ["N"])
     with b.in_graph():
         out_loc = b.input("out_cache_loc", I64, [tokens], fill=0, kind=Kind.slot)
-        first = page_table if P == 1 else b.ewise("mul", page_table, P)  # a page's first slot (pages are aligned)
-        swa = b.lookup(full_to_swa, first)
-        swa = swa if P == 1 else b.ewise("floordiv", swa, P)
-        return {"swa_page_table": b.cast(swa, I32, name="swa_page_table"),
-                "swa_out_cache_loc": b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")}
+        return translated(b, full_to_swa, page_table, out_loc, options.page_size)
+
+
+def translated(b: SpecBuilder, full_to_swa, page_table, out_loc, P: int, prefix: str = "") -> dict:
+    """``swa_page_table`` and ``swa_out_cache_loc`` (named with ``prefix``): ``page_table``'s pages and the write
+    slots ``out_loc`` in the window pool."""
+    first = page_table if P == 1 else b.ewise("mul", page_table, P)  # a page's first slot (pages are aligned)
+    swa = b.lookup(full_to_swa, first)
+    swa = swa if P == 1 else b.ewise("floordiv", swa, P)
+    return {f"{prefix}swa_page_table": b.cast(swa, I32, name=f"{prefix}swa_page_table"),
+            f"{prefix}swa_out_cache_loc": b.lookup(full_to_swa, out_loc, name=f"{prefix}swa_out_cache_loc")}
 
 
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
@@ -88,20 +94,28 @@ def build_draft(mode: ForwardMode, options: CompileOptions) -> Graph:
     i + 1 tokens drafted so far. All steps' metadata is built in one graph before the drafter's
     steps run; page tables keep the static width W with row guards."""
     b = SpecBuilder(f"flashattention_draft.{mode.name.lower()}")
-    if options.window_pool:
-        raise OptionsError("flashattention_draft: a sliding-window pool is not planned for EAGLE's draft decode (each "
-                           "step's translated page table); serve the draft with SGLang's own fa3 drafter")
     if options.topk > 1:
+        if options.window_pool:
+            raise OptionsError("flashattention_draft: a sliding-window pool is not planned for EAGLE's draft decode "
+                               "with topk > 1 (its branches' translated pages); serve the draft with SGLang's own fa3 "
+                               "drafter (--speculative-draft-attention-backend fa3)")
         return tree_draft(b, options)
-    seq_lens, rpi, req_to_token = decode_inputs(b, options.num_steps)
+    S = options.num_steps
+    seq_lens, rpi, req_to_token = decode_inputs(b, S)
     out = {}
     with b.in_graph():
         out["cu_seqlens_q"] = b.arange("bs + 1", name="cu_seqlens_q")
-        for i in range(options.num_steps):
+        if options.window_pool:  # every request's S draft slots in a row (EAGLE's [bs, topk, S] layout)
+            full_to_swa = b.pool("full_to_swa", I64, ["N"])
+            out_loc = b.input("out_cache_loc", I64, [f"{S}*bs"], fill=0, kind=Kind.slot)
+        for i in range(S):
             p = step_prefix(i)
             lens = out[p + "cache_seqlens_int32"] = b.ewise("add", seq_lens, i + 1)
             out[p + "cu_seqlens_k"] = b.cumsum(lens)
             out[p + "page_table"] = b.page_table(req_to_token, rpi, lens, page_size=options.page_size, width="W")
+            if options.window_pool:  # step i writes each request's i-th draft slot
+                mine = b.lookup(out_loc, b.arange("bs", start=i, step=S))
+                out |= translated(b, full_to_swa, out[p + "page_table"], mine, options.page_size, p)
     with b.out_graph():
         out["max_seq_len_q"] = b.full(1, [], I32, Placement.host)
     b.outputs(**out)

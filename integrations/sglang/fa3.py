@@ -17,7 +17,7 @@ Sliding-window models are served: FA3's kernel applies each layer's window itsel
 same metadata, which is what SGLang builds then too. Where the window layers keep their KV in a pool of their
 own (``SWAKVPool``), they read the same pages translated into it (``swa_page_table``) and write the step's
 slots translated (``swa_out_cache_loc``), from the same recorded kernel; attnmeta's drafter does not plan that
-pool (the error names SGLang's own fa3 drafter, ``--speculative-draft-attention-backend fa3``).
+pool at topk > 1 (the error names SGLang's own fa3 drafter, ``--speculative-draft-attention-backend fa3``).
 
 Under EAGLE topk > 1 the window layers verify in one attention per draft query over its cached keys and the
 drafts its tree-mask row shows (``swa_spec_metadata``), built in the same recorded kernel, at page size 1 as
@@ -140,21 +140,27 @@ class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
 
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, fa_impl_ver: int = 3, *, compiled=None):
         super().__init__(model_runner, topk, speculative_num_steps, fa_impl_ver)
-        if any(c.use_sliding_window_kv_pool for c in self.attn_backends):
-            raise OptionsError("attnmeta's flashattention_draft does not plan a sliding-window pool's draft steps "
-                               "(each step's translated page table); serve this draft with SGLang's own fa3 drafter "
-                               "(--speculative-draft-attention-backend fa3); attnmeta_fa3 still serves the target's "
-                               "decode and verify and the draft extend")
+        pool = any(c.use_sliding_window_kv_pool for c in self.attn_backends)
+        if pool and topk > 1:
+            raise OptionsError("attnmeta's flashattention_draft does not plan a sliding-window pool's draft steps with "
+                               "topk > 1 (its branches' translated pages); serve this draft with SGLang's own fa3 "
+                               "drafter (--speculative-draft-attention-backend fa3); attnmeta_fa3 still serves the "
+                               "target's decode and verify and the draft extend")
         q, kv = rank_heads(model_runner)
+        window, pools = sliding_window(self.attn_backends[0]) if self.attn_backends else ({}, {})
         wanted = resolved_options(model_runner, self.attn_backends[0], modes=("decode", "idle"), topk=max(topk, 1),
-                                  num_steps=speculative_num_steps, num_heads=q, num_kv_heads=kv)
-        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
+                                  num_steps=speculative_num_steps, num_heads=q, num_kv_heads=kv, **window)
+        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device, **pools)
 
     def _step_shape(self, m, s: int):
         L = self.attnmeta.compiled.options.max_context_len
         if self.topk <= 1:
-            return _metadata(_step(m, s, "cache_seqlens_int32"), m.cu_seqlens_q, _step(m, s, "cu_seqlens_k"),
-                             _step(m, s, "page_table"), m.max_seq_len_q, L), None
+            meta = _metadata(_step(m, s, "cache_seqlens_int32"), m.cu_seqlens_q, _step(m, s, "cu_seqlens_k"),
+                             _step(m, s, "page_table"), m.max_seq_len_q, L)
+            if self.attnmeta.compiled.options.window_pool:  # the step's pages and its draft's write slots, translated
+                meta.swa_page_table, meta.swa_out_cache_loc = _step(m, s, "swa_page_table"), \
+                    _step(m, s, "swa_out_cache_loc")
+            return meta, None
         prefix = _metadata(m.cache_seqlens_int32, m.cu_seqlens_q, m.cu_seqlens_k, m.page_table, m.max_seq_len_q, L)
         return prefix, _metadata(_step(m, s, "expand_cache_seqlens_int32"), m.expand_cu_seqlens_q,
                                  _step(m, s, "expand_cu_seqlens_k"), _step(m, s, "expand_page_table"), 1, L)

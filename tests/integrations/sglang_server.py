@@ -447,13 +447,18 @@ def decode_view(fb, bs: int, fill: int, width: int):
 
 
 def draft_decode_view(fb, bs: int, fill: int):
-    """EagleDraftCudaGraphRunner: the batch re-pointed at its padded buffers, plus ``num_padding``."""
+    """EagleDraftCudaGraphRunner: the batch re-pointed at its padded buffers, plus ``num_padding`` (the write
+    slots too, zero past the live rows' ``topk * S``)."""
     seq, rows, raw = padded(fb, bs, fill)
     K = fb.positions.numel() // max(raw, 1)
     positions = torch.zeros(bs * K, dtype=torch.int64, device=seq.device)  # zeroed, then the live rows copied
     positions[: raw * K] = fb.positions
+    loc = fb.out_cache_loc
+    if isinstance(loc, torch.Tensor) and raw:
+        loc = torch.zeros(loc.numel() // raw * bs, dtype=loc.dtype, device=loc.device)
+        loc[: fb.out_cache_loc.numel()] = fb.out_cache_loc
     view = dict(vars(fb), batch_size=bs, seq_lens=seq, req_pool_indices=rows, seq_lens_cpu=seq.cpu(),
-                seq_lens_sum=int(seq.sum()), positions=positions)
+                seq_lens_sum=int(seq.sum()), positions=positions, out_cache_loc=loc)
     return SimpleNamespace(**view, num_padding=bs - raw)
 
 

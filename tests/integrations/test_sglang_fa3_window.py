@@ -106,8 +106,6 @@ def test_the_window_comparison_can_fail(fa3):
 
 
 def test_what_attnmeta_fa3_does_not_plan_of_windows_is_refused_by_name(fa3):
-    with pytest.raises(OptionsError, match=r"--speculative-draft-attention-backend fa3"):
-        Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], window=W, window_pool=True)  # attnmeta's drafter
     with pytest.raises(OptionsError, match=r"topk > 1 at page size > 1.*--attention-backend fa3"):
         Server(["--attention-backend", "attnmeta_fa3", "--page-size", "16", *eagle(4)], window=W)
     with pytest.raises(OptionsError, match=r"--speculative-draft-attention-backend fa3"):
@@ -138,8 +136,8 @@ def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
     from tests.integrations.test_sglang_triton_window import writing
 
     flags = ["--attention-backend", "attnmeta_fa3", "--page-size", str(page)]
-    if topk:
-        flags += [*eagle(topk), "--speculative-draft-attention-backend", "fa3"]
+    if topk:  # topk > 1: SGLang's own drafter, as attnmeta's drafter's error says
+        flags += [*eagle(topk), *(["--speculative-draft-attention-backend", "fa3"] if topk > 1 else [])]
     s = Server(flags, seed=31 + page, window=W, window_pool=True)
     assert s.backend.use_sliding_window_kv_pool and s.backend.attnmeta.compiled.options.window_pool
     D = s.spec.speculative_num_draft_tokens if topk else 1
@@ -180,6 +178,31 @@ def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
         _swa_same(ours, theirs, n, n * D, P, what)
         if key == "verify" and topk > 1:
             same_swa_spec(ours.swa_spec_metadata, theirs.swa_spec_metadata, n * D, what)
+    if topk != 1:
+        return
+    # attnmeta's drafter: every step's pages in the window pool and the step's draft write slot, translated
+    mine_d, theirs_d = s.draft_decode, s.own_drafters("fa3")[0]
+    assert mine_d.attnmeta.compiled.options.window_pool
+    runners = [Runners(s, mine_d, "fa3", 1), Runners(s, theirs_d, "fa3", 1)]
+    with s.active():
+        for r in runners:
+            r.capture(lambda bs: draft_decode(s, [0] * bs, [1] * bs), "draft")
+    for step in range(6):
+        n = rng.randint(1, max(s.sizes))
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - s.spec.speculative_num_steps - P)
+        with s.active():
+            for r in runners:
+                fb = draft_decode(s, rows, seq)
+                fb = writing(s, fb, fb.out_cache_loc, s.draft_runner)
+                if step % 3 == 2:
+                    r.backend.init_forward_metadata(fb)
+                else:
+                    r.replay(fb, "draft", draft_decode_view(fb, r.bucket(n), r.fill))
+        assert mine_d._ours is not None
+        for k, (a, b) in enumerate(zip(mine_d.attn_backends, theirs_d.attn_backends, strict=True)):
+            what = f"window pool draft step {k} ({step})"
+            same(a.forward_metadata, b.forward_metadata, n, P, what)
+            _swa_same(a.forward_metadata, b.forward_metadata, n, n, P, what)
 
 
 def test_the_window_pool_comparison_can_fail(fa3):

@@ -95,5 +95,36 @@ def test_a_window_pool_is_refused_where_it_is_not_planned():
     with pytest.raises(OptionsError, match="page size 1"):
         compile_backend("flashattention", CompileOptions(**base, topk=4, num_draft_tokens=8, num_steps=3,
                                                          modes=("target_verify",), page_size=16))
-    with pytest.raises(OptionsError, match="draft decode"):
-        compile_backend("flashattention_draft", CompileOptions(**base, num_steps=3))
+    with pytest.raises(OptionsError, match="draft decode with topk > 1"):
+        compile_backend("flashattention_draft", CompileOptions(**base, num_steps=3, topk=4))
+
+
+@pytest.mark.parametrize("P", [1, 16])
+def test_the_drafters_steps_in_the_window_pool(P):
+    """EAGLE's draft decode (topk 1): step i reads the prefix and i + 1 drafts, and writes each request's i-th
+    draft slot (``out_cache_loc`` holds every request's S slots in a row); in the window pool, captured and
+    replayed, by hand."""
+    S = 3
+    cb = compile_backend("flashattention_draft", CompileOptions(
+        max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, page_size=P, sliding_window=24, window_pool=True,
+        num_steps=S, modes=("decode", "idle")))
+    pool, f2s = paged_pool(P, 5), window_table(P, 6)
+    for bs in SIZES:
+        be = cb.instantiate(pool, pools={"full_to_swa": f2s})
+        cap = batch(ForwardMode.DECODE, bs, bs)
+        cap.out_cache_loc = torch.zeros(bs * S, dtype=torch.int64)
+        g = capture(be, cap)
+        for seed, raw in [(31, bs), (32, max(bs - 1, 1))]:
+            fb = batch(ForwardMode.DECODE, raw, seed)
+            fb.out_cache_loc = torch.randint(1, ROWS * L, (raw * S,), generator=torch.Generator().manual_seed(seed))
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            g.replay()
+            m = be.forward_metadata
+            for i in range(S):
+                st = m.step(i)
+                for r in range(raw):
+                    keys = int(fb.seq_lens_cpu[r]) + i + 1
+                    row = int(fb.req_pool_indices_cpu[r])
+                    want = [int(f2s[int(pool[row, k * P])]) // P for k in range(-(-keys // P))]
+                    assert st.swa_page_table[r, : len(want)].tolist() == want, (i, r)
+                assert st.swa_out_cache_loc[:raw].tolist() == f2s[fb.out_cache_loc.view(raw, S)[:, i]].tolist(), i
