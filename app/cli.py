@@ -14,17 +14,15 @@ examples:
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
-import re
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 # the compiler (and torch) load when a command runs, not to parse its arguments: --help and inspect stay fast
 from attnmeta.compiler.ir.errors import InternalError, OptionsError, UserError
 
 from . import inspect as dumps
+from .argparsing import Defaults, OneLine, positive, project_version
 from .names import BACKENDS, MODES, PASSES
 from .table import table
 
@@ -255,69 +253,13 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def _version() -> str:
-    try:
-        return version("attnmeta")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default unless its help already says it, or there is none to show."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
-            return text
-        return super()._get_help_string(action)
-
-
-class _OneLine(argparse.ArgumentParser):
-    """argparse's errors as one line (not the whole usage), with a "did you mean" for a mistyped
-    choice (a backend, mode, pass, log part) or option."""
-
-    def error(self, message: str):
-        close = []
-        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if m:
-            choices = re.findall(r"'?([\w.:/-]+)'?", m.group(2))
-            close = difflib.get_close_matches(m.group(1), choices, n=1)
-        m = re.search(r"unrecognized arguments: (\S+)", message)
-        owners: list[str] = []
-        if m:
-            opts = [o for a in self._actions for o in a.option_strings]
-            for sp in (a for a in self._actions if isinstance(a, argparse._SubParsersAction)):
-                for name, p in sp.choices.items():
-                    theirs = [o for a in p._actions for o in a.option_strings]
-                    owners += [name] if m.group(1) in theirs else []
-                    opts += theirs
-            # another command's option is not a typo of itself: name its command, suggest the nearest other
-            close = difflib.get_close_matches(m.group(1), [o for o in opts if o != m.group(1)], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        if owners:
-            hint = f" ({m.group(1)} is an option of {', '.join(f'{self.prog} {o}' for o in owners)}" + \
-                (f"; did you mean {close[0]!r}?)" if close else ")")
-        self.exit(2, f"{self.prog}: {message}{hint}; {self.prog} --help for usage\n")
-
-
-def _positive(text: str) -> int:
-    """An int of at least 1 (a count of steps, a batch size)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
 def parser() -> argparse.ArgumentParser:
-    fmt = _Defaults
-    p = _OneLine(prog="attnmeta", description=__doc__.split("\n\n")[0],
+    fmt = Defaults
+    p = OneLine(prog="attnmeta", description=__doc__.split("\n\n")[0],
                                 epilog="examples:" + __doc__.split("examples:")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"attnmeta {_version()}")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_OneLine)
+    p.add_argument("--version", action="version", version=f"attnmeta {project_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLine)
     c = sub.add_parser("compile", help="compile a backend spec ahead of serving", formatter_class=fmt)
     c.add_argument("backend", help=f"a backend ({', '.join(BACKENDS)}; or another installed package's), or your "
                                    "spec as pkg.module:SPEC or path/to/file.py:SPEC")
@@ -399,8 +341,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--backend", default="flashinfer", help="the backend to measure", choices=[
         *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton", "trtllm_mha")),
         "multistep_flashinfer", "multistep_triton", "dsv4", "flashmla", "trtllm_mla"])
-    be.add_argument("--sizes", type=_positive, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
-    be.add_argument("--iters", type=_positive, default=300, help="timed steps per size and column")
+    be.add_argument("--sizes", type=positive, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
+    be.add_argument("--iters", type=positive, default=300, help="timed steps per size and column")
     be.add_argument("--max-context-len", type=int, default=4096, help="L")
     be.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     be.add_argument("--planner", choices=["auto", "flashinfer", "flashinfer-host", "stand-in"], default="auto",
