@@ -42,7 +42,6 @@ class BoundPlan:
     replay: object | None = None  # a replayed step's whole out_graph on the engine's buffers (engine.replayer)
     fused_first: bool = False  # in_graph's first work is a fused kernel: the device checks run inside it
 
-
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
         v = getattr(self.meta, name, None)

@@ -11,6 +11,7 @@ from tests.integrations.sglang_server import (
     Server,
     decode,
     decode_view,
+    draft_decode_view,
     draft_extend,
     draft_extend_view,
     verify,
@@ -48,9 +49,17 @@ def serve(s: Server, runners: list[Runners], mode: str, rows: list[int], seq: li
         for r in runners:
             fb = decode(s, rows, seq) if mode == "decode" else draft_extend(s, rows, seq) \
                 if mode == "extend" else verify(s, rows, seq, random.Random(step))
-            if not replayed:
-                r.backend.init_forward_metadata(without_host_lengths(fb) if bare else fb)
-                continue
-            bs, D = r.bucket(len(rows)), r.width
-            v = draft_extend_view(fb, bs, r.fill, D) if mode == "extend" else decode_view(fb, bs, r.fill, D)
-            r.replay(fb, mode, without_host_lengths(v) if bare else v)
+            drive(r, fb, mode, len(rows), replayed, bare)
+
+
+def drive(r: Runners, fb, mode: str, n: int, replayed: bool, bare: bool = False) -> None:
+    """Batch ``fb`` of ``n`` requests through runner ``r`` as SGLang's runner of ``mode`` drives it (inside the
+    server's ``active()``): eager, or padded to its captured size, viewed (decode and verify: SGLang's replay
+    view; draft extend's and draft decode's runners' own) and replayed. ``bare``: without host lengths."""
+    if not replayed:
+        r.backend.init_forward_metadata(without_host_lengths(fb) if bare else fb)
+        return
+    bs = r.bucket(n)
+    v = draft_extend_view(fb, bs, r.fill, r.width) if mode == "extend" else \
+        draft_decode_view(fb, bs, r.fill) if mode == "draft" else decode_view(fb, bs, r.fill, r.width)
+    r.replay(fb, mode, without_host_lengths(v) if bare else v)

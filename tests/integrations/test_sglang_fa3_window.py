@@ -18,10 +18,10 @@ import torch
 
 from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
-from tests.integrations.served_pairs import serve, side_by_side
-from tests.integrations.sglang_server import ROWS, Runners, Server, draft_decode, draft_decode_view
+from tests.integrations.served_pairs import drive, serve, side_by_side
+from tests.integrations.sglang_server import ROWS, Runners, Server, draft_decode
 from tests.integrations.test_sglang_fa3_served import eagle, same, same_expand
-from tests.integrations.test_sglang_triton_window import W, lens
+from tests.integrations.test_sglang_triton_window import W, lens, writing
 
 
 @pytest.fixture
@@ -74,6 +74,16 @@ def test_window_steps_equal_sglangs_own_fa3(fa3, page, topk):
     # EAGLE's draft decode: each step's child backend (SGLang's, with the window) beside SGLang's own drafter's
     mine, theirs = s.draft_decode, s.own_drafters("fa3")[0]
     assert all(c.has_swa for c in (*mine.attn_backends, *theirs.attn_backends, s.draft_extend))
+    for step, n, children in draft_rounds(s, rng, mine, theirs):
+        for k, (a, b) in enumerate(children):
+            same(a.forward_metadata, b.forward_metadata, n, P, f"window draft step {k} ({step})", key_indptr=topk == 1)
+
+
+def draft_rounds(s: Server, rng: random.Random, mine, theirs, writes: bool = False):
+    """EAGLE's draft decode through attnmeta's drafter ``mine`` and SGLang's own ``theirs``, each captured as
+    SGLang's draft runner captures it, six rounds eager and replayed: yields (round, requests, the two drafters'
+    children side by side). ``writes``: each round's KV plan bound to its write slots (a window pool reads them)."""
+    P, L = s.runner.page_size, s.model_config.context_len
     runners = [Runners(s, mine, "fa3", 1), Runners(s, theirs, "fa3", 1)]
     with s.active():
         for r in runners:
@@ -84,13 +94,9 @@ def test_window_steps_equal_sglangs_own_fa3(fa3, page, topk):
         with s.active():
             for r in runners:
                 fb = draft_decode(s, rows, seq)
-                if step % 3 == 2:
-                    r.backend.init_forward_metadata(fb)
-                else:
-                    r.replay(fb, "draft", draft_decode_view(fb, r.bucket(n), r.fill))
+                drive(r, writing(s, fb, fb.out_cache_loc, s.draft_runner) if writes else fb, "draft", n, step % 3 != 2)
         assert mine._ours is not None  # attnmeta's compiled round served it
-        for k, (a, b) in enumerate(zip(mine.attn_backends, theirs.attn_backends, strict=True)):
-            same(a.forward_metadata, b.forward_metadata, n, P, f"window draft step {k} ({step})", key_indptr=topk == 1)
+        yield step, n, zip(mine.attn_backends, theirs.attn_backends, strict=True)
 
 
 def test_the_window_comparison_can_fail(fa3):
@@ -132,8 +138,7 @@ def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
     verify and attnmeta_fa3's draft extend built on the draft runner, eager and replayed, beside SGLang's own."""
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    from tests.integrations.sglang_server import decode, decode_view, draft_extend, draft_extend_view, verify
-    from tests.integrations.test_sglang_triton_window import writing
+    from tests.integrations.sglang_server import decode, draft_extend, verify
 
     flags = ["--attention-backend", "attnmeta_fa3", "--page-size", str(page)]
     if topk:  # topk > 1: SGLang's own drafter, as attnmeta's drafter's error says
@@ -165,13 +170,8 @@ def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
         loc = torch.tensor(rng.sample(range(1, s.slots), n * D))  # the step's write slots
         with s.active():
             for r in pairs[key]:
-                fb = writing(s, makers[key](rows, seq, step), loc, s.draft_runner if key == "extend" else None)
-                if replayed:
-                    bs = r.bucket(n)
-                    view = draft_extend_view(fb, bs, r.fill, D) if key == "extend" else decode_view(fb, bs, r.fill, D)
-                    r.replay(fb, key, view)
-                else:
-                    r.backend.init_forward_metadata(fb)
+                drive(r, writing(s, makers[key](rows, seq, step), loc, s.draft_runner if key == "extend" else None),
+                      key, n, replayed)
         ours, theirs = (r.backend.forward_metadata for r in pairs[key])
         what = f"window pool page {P} {key} step {step} replayed={replayed}"
         same(ours, theirs, n, P, what)
@@ -183,23 +183,8 @@ def test_window_pool_steps_equal_sglangs_own_fa3(fa3, page, topk):
     # attnmeta's drafter: every step's pages in the window pool and the step's draft write slot, translated
     mine_d, theirs_d = s.draft_decode, s.own_drafters("fa3")[0]
     assert mine_d.attnmeta.compiled.options.window_pool
-    runners = [Runners(s, mine_d, "fa3", 1), Runners(s, theirs_d, "fa3", 1)]
-    with s.active():
-        for r in runners:
-            r.capture(lambda bs: draft_decode(s, [0] * bs, [1] * bs), "draft")
-    for step in range(6):
-        n = rng.randint(1, max(s.sizes))
-        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - s.spec.speculative_num_steps - P)
-        with s.active():
-            for r in runners:
-                fb = draft_decode(s, rows, seq)
-                fb = writing(s, fb, fb.out_cache_loc, s.draft_runner)
-                if step % 3 == 2:
-                    r.backend.init_forward_metadata(fb)
-                else:
-                    r.replay(fb, "draft", draft_decode_view(fb, r.bucket(n), r.fill))
-        assert mine_d._ours is not None
-        for k, (a, b) in enumerate(zip(mine_d.attn_backends, theirs_d.attn_backends, strict=True)):
+    for step, n, children in draft_rounds(s, rng, mine_d, theirs_d, writes=True):
+        for k, (a, b) in enumerate(children):
             what = f"window pool draft step {k} ({step})"
             same(a.forward_metadata, b.forward_metadata, n, P, what)
             _swa_same(a.forward_metadata, b.forward_metadata, n, n, P, what)

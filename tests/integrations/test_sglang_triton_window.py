@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from attnmeta.compiler.ir.errors import OptionsError
+from tests.integrations.served_pairs import drive
 from tests.integrations.sglang_server import ROWS, Runners, Server, decode, decode_view, rows_read
 
 W = 40  # tokens: lengths below, at and past it, and past a page
@@ -145,7 +146,7 @@ def test_eagle_verify_and_draft_extend_windows_equal_sglangs_own(window_pool):
     eager and replayed, window fields, offsets and the window write slots of every draft token."""
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    from tests.integrations.sglang_server import draft_extend, draft_extend_view, verify
+    from tests.integrations.sglang_server import draft_extend, verify
 
     server = Server([*EAGLE, "--speculative-draft-attention-backend", "triton", "--page-size", "16"], seed=5,
                     window=W, window_pool=window_pool)
@@ -172,12 +173,7 @@ def test_eagle_verify_and_draft_extend_windows_equal_sglangs_own(window_pool):
         with server.active():
             for r in pairs[key]:
                 fb = writing(server, makers[key](rows, seq, step), loc)
-                if replayed:
-                    bs = r.bucket(n)
-                    view = decode_view(fb, bs, r.fill, D) if key == "verify" else draft_extend_view(fb, bs, r.fill, D)
-                    r.replay(fb, key, view)
-                else:
-                    r.backend.init_forward_metadata(fb)
+                drive(r, fb, key, n, replayed)
         theirs_m = sglangs.backend.forward_metadata
         if replayed:
             b = sglangs.backend
