@@ -133,7 +133,7 @@ for k, v in d.items():
 for k, v in d.items():
     print(k, v.get('error', ''), {b: (t['step_ms'], t.get('round_ms'), t.get('rounds')) for b, t in v.get('timed', {}).items()})
     for pid, p in v.get('profile', {}).items():
-        if p['after_mark']: print('   ', pid, p['after_mark'])" "$f" ;;
+        if p['after_mark']: print('   ', pid, p['after_mark'], '\n    waits from', p.get('sync_sites'))" "$f" ;;
     *)
       echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla, enginetime-a, enginetime-b or engineprofile" >&2; exit 2 ;;
   esac

@@ -9,7 +9,8 @@ class level, the calls a decode step or an EAGLE round spends host time in:
 - ``graph_replay``: ``torch.cuda.CUDAGraph.replay`` (the launch);
 - ``forward``: ``ModelRunner.forward`` (a whole forward of the target or the draft, eager or replayed);
 - ``sync``: ``torch.cuda.Stream.synchronize`` / ``Event.synchronize`` and a device tensor's ``tolist`` /
-  ``item`` / ``cpu``, the host waiting for the GPU.
+  ``item`` / ``cpu``, the host waiting for the GPU; ``sync_sites`` counts, after the mark, where each was
+  called from (the first two frames outside torch): a wait a backend adds shows by file and line.
 
 Each call's duration is kept; the scheduler process writes the medians, totals and counts to
 ``$ATTNMETA_ENGINE_PROFILE.<pid>.json`` every few hundred calls (SGLang kills its scheduler on shutdown, so
@@ -28,6 +29,7 @@ import time
 _local = threading.local()
 _calls: dict[str, list[float]] = {}
 _after: dict[str, list[float]] = {}
+_sites: dict[str, int] = {}  # after the mark: where each wait on the GPU was called from, and how often
 _state = {"n": 0, "marked": False, "checked": 0.0}
 
 
@@ -40,7 +42,21 @@ def _flush() -> None:
         return {k: {"n": len(v), "median_us": round(statistics.median(v) * 1e6, 1), "total_ms": round(sum(v) * 1e3, 2)}
                 for k, v in table.items() if v}
     with open(_path(), "w") as f:
-        json.dump({"all": summary(_calls), "after_mark": summary(_after)}, f)
+        json.dump({"all": summary(_calls), "after_mark": summary(_after),
+                   "sync_sites": dict(sorted(_sites.items(), key=lambda kv: -kv[1]))}, f)
+
+
+def _site() -> str:
+    """The caller of a wait on the GPU: the first frame outside torch and this file, and its caller."""
+    import sys
+
+    f, out = sys._getframe(2), []
+    while f is not None and len(out) < 2:
+        path = f.f_code.co_filename
+        if "/torch/" not in path and not path.endswith("engine_profile.py"):
+            out.append(f"{'/'.join(path.split('/')[-2:])}:{f.f_lineno} {f.f_code.co_name}")
+        f = f.f_back
+    return " < ".join(out)
 
 
 def _record(key: str, dt: float) -> None:
@@ -54,6 +70,9 @@ def _record(key: str, dt: float) -> None:
     _calls.setdefault(key, []).append(dt)
     if _state["marked"]:
         _after.setdefault(key, []).append(dt)
+        if key == "sync":
+            site = _site()
+            _sites[site] = _sites.get(site, 0) + 1
     _state["n"] += 1
     if _state["n"] % 500 == 0:
         _flush()

@@ -4,8 +4,10 @@ re-import this file as their main module, so ``register()`` at the top reaches t
 
     python tests/gpu/sglang_engine.py OUT.json CONFIG [CONFIG ...]
 
-CONFIG is ``backend:page_size[:eagle_topk]``, e.g. ``triton:1``, ``attnmeta_flashinfer:16:4``. Each
-engine: a small seeded one-layer Llama (``checkpoints`` says why these weights), CUDA graphs on for
+CONFIG is ``backend:page_size[:eagle_topk][@model]``, e.g. ``triton:1``, ``attnmeta_flashinfer:16:4``,
+``fa3:16@swa``. Each engine: a small seeded one-layer Llama (``checkpoints`` says why these weights), or with
+``@window`` / ``@swa`` a two-layer OLMo 2 whose first layer attends through a sliding window (``window_model``),
+CUDA graphs on for
 decode (sizes 1, 2, 4, 8), greedy decoding of fixed prompts given as token ids; with a topk, EAGLE with
 a draft that proposes the target's own tokens. OUT.json maps each config to its output token ids and
 logprobs, EAGLE's verify rounds and accepted drafts, seconds to start and to generate, or to the error
@@ -95,6 +97,48 @@ def checkpoints() -> tuple[dict, dict]:
     return target, draft
 
 
+# OLMo 2 with a sliding first layer (HF's ``layer_types``; SGLang's window is ``sliding_window - 1`` past the
+# current token): "window" keeps one KV pool, "swa" opts into SGLang's hybrid layout (a separate window pool whose
+# slots are translated from the full pool's: SWAKVPool) through the generic ``is_hybrid_swa`` switch
+WINDOW = {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 512, "intermediate_size": 1024,
+          "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1024,
+          "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "attention_bias": False,
+          "torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False, "sliding_window": 9,
+          "layer_types": ["sliding_attention", "full_attention"]}
+WINDOW_MODELS = {"window": WINDOW, "swa": {**WINDOW, "is_hybrid_swa": True, "hybrid_layer_pattern": [1, 0]}}
+
+
+def window_model() -> dict:
+    """OLMo 2's weights, seeded: post-norm layers (no input norm), q and k normed over all heads. The norms'
+    gains make attention sharp (scores of standard deviation about 4), so which keys the window keeps (the
+    last 9 with the current one) decides the tokens: a window one token too wide or too narrow, or a wrong
+    window slot, serves other tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    c = WINDOW
+    h, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
+
+    def w(rows: int, cols: int, std: float) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=g) * std).to(torch.bfloat16)
+
+    def gain(n: int, x: float) -> torch.Tensor:
+        return torch.full((n,), x, dtype=torch.bfloat16)
+
+    out = {"model.embed_tokens.weight": w(vocab, h, 1.0), "model.norm.weight": gain(h, 1.0),
+           "lm_head.weight": w(vocab, h, h ** -0.5)}
+    for i in range(c["num_hidden_layers"]):
+        out |= {f"model.layers.{i}.{k}": t for k, t in {
+            "self_attn.q_proj.weight": w(h, h, h ** -0.5), "self_attn.k_proj.weight": w(kv, h, h ** -0.5),
+            "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, h, h ** -0.5),
+            "self_attn.q_norm.weight": gain(h, 2.0), "self_attn.k_norm.weight": gain(kv, 2.0),
+            "post_attention_layernorm.weight": gain(h, 1.0), "post_feedforward_layernorm.weight": gain(h, 1.0),
+            "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
+            "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}.items()}
+    return out
+
+
 GRAPH_SIZES = sorted({1, 2, 4, 8, *BATCHES})
 
 
@@ -124,9 +168,16 @@ def timed(engine, rows: int) -> dict:
 def run(config: str, root: str) -> dict:
     import sglang
 
+    config, _, which = config.partition("@")
     backend, page, *topk = config.split(":")
-    target, draft = checkpoints()
-    kw = dict(model_path=model(os.path.join(root, "llama"), LLAMA, target), load_format="safetensors",
+    if which:
+        if topk:
+            raise ValueError(f"{config}@{which}: EAGLE's draft here is the Llama's; window models run without it")
+        path = model(os.path.join(root, which), WINDOW_MODELS[which], window_model())
+    else:
+        target, draft = checkpoints()
+        path = model(os.path.join(root, "llama"), LLAMA, target)
+    kw = dict(model_path=path, load_format="safetensors",
               skip_tokenizer_init=True, random_seed=0, mem_fraction_static=0.3, max_total_tokens=32768,
               cuda_graph_bs_decode=GRAPH_SIZES, cuda_graph_max_bs_decode=max(GRAPH_SIZES),
               disable_prefill_cuda_graph=True, sampling_backend="pytorch", grammar_backend="none",

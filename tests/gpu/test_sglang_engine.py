@@ -28,6 +28,9 @@ CASES = [f"{kind}:{page}{':' + topk if topk else ''}" for kind in ("triton", "fl
 # FlashAttention-3, attending through the stand-in's torch FA3 on both sides (topk 4: the tree verify's two
 # attentions merged by their LSE)
 CASES += [f"fa3:{page}{':' + topk if topk else ''}" for page in (1, 16) for topk in ("", "1", "4")]
+# a sliding-window model (OLMo 2, its first layer windowed) in both of SGLang's layouts: one KV pool ("window") and
+# the hybrid pool whose window slots are translated from the full pool's ("swa")
+CASES += [f"{kind}:{page}@{layout}" for kind in ("triton", "fa3") for page in (1, 16) for layout in ("window", "swa")]
 WANTED = [c for c in os.environ.get("ATTNMETA_ENGINE_CASES", "").split(",") if c] or CASES
 
 
@@ -40,7 +43,7 @@ def test_attnmeta_serves_the_tokens_sglang_serves(case, tmp_path):
                            f"attnmeta_{case}"], env=env, capture_output=True, text=True, timeout=600)
     results = json.loads(out.read_text()) if out.exists() else {}
     if os.environ.get("ATTNMETA_ENGINE_OUT") and results:
-        keep = os.path.join(os.environ["ATTNMETA_ENGINE_OUT"], case.replace(":", "_") + ".json")
+        keep = os.path.join(os.environ["ATTNMETA_ENGINE_OUT"], case.replace(":", "_").replace("@", "_") + ".json")
         with open(keep, "w") as f:
             json.dump(results, f)
     assert proc.returncode == 0 and len(results) == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
