@@ -112,7 +112,8 @@ def window_model() -> dict:
     """OLMo 2's weights, seeded: post-norm layers (no input norm), q and k normed over all heads. The norms'
     gains make attention sharp (scores of standard deviation about 4), so which keys the window keeps (the
     last 9 with the current one) decides the tokens: a window one token too wide or too narrow, or a wrong
-    window slot, serves other tokens."""
+    window slot, serves other tokens (a float32 torch reading of this model, greedy, first three prompts:
+    windows of 7, 8 and 9 keys before the current one, and none, each serve different tokens within 24)."""
     import torch
 
     g = torch.Generator().manual_seed(1)
