@@ -71,3 +71,31 @@ def gather_kv_indices(req_to_token, rpi, seq_lens, kv_indptr, total: int) -> tor
     row = torch.repeat_interleave(torch.arange(bs, device=seq_lens.device), seq_lens.long(), output_size=total)
     col = torch.arange(total, device=seq_lens.device) - kv_indptr[:-1].long()[row]
     return req_to_token[rpi.long()[row], col]
+
+
+def window_stream(b: SpecBuilder, keys: V, rpi: V, req_to_token: V, options, past: int = 0,
+                  tokens: str = "bs") -> dict:
+    """A sliding-window layer's index stream, as the engine gathers it beside the full layers': of each request's
+    ``keys`` cached tokens the last ``min(keys, SW + past)`` (``past`` 1 where the backend's window counts the
+    current token besides its SW before it), ``window_kv_lens``, ``window_kv_indptr``, their first column
+    ``window_kv_start`` and ``window_kv_indices``: the window pool's slots when ``window_pool``, translated from
+    the full pool's through its ``full_to_swa`` table, with the step's ``tokens`` write slots
+    ``swa_out_cache_loc``."""
+    width = options.sliding_window + past
+    out = {}
+    with b.in_graph():
+        out["window_kv_lens"] = lens = b.ewise("min", keys, width, name="window_kv_lens")
+        out["window_kv_indptr"] = indptr = b.cumsum(lens, name="window_kv_indptr")
+        # the window's first column (entries j read column start + j): named where the queries extend past the keys
+        named = None if tokens == "bs" else "window_kv_offsets"
+        out["window_kv_start"] = start = b.ewise("sub", keys, lens, name=named)
+        idx = b.ragged_gather(req_to_token, rpi, lens, indptr, capacity=f"max_bs*(SW+{past})",
+                              jump=(b.full(0, ["bs"], DType.int32), start),
+                              name="window_kv_full" if options.window_pool else "window_kv_indices")
+        if options.window_pool:
+            full_to_swa = b.pool("full_to_swa", DType.int64, ["N"])
+            out_loc = b.input("out_cache_loc", DType.int64, [tokens], fill=0, kind=Kind.slot)
+            idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
+            out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
+        out["window_kv_indices"] = idx
+    return out

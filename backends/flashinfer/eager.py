@@ -5,6 +5,7 @@ It is the benchmark baseline and a second, independent oracle."""
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import torch
@@ -15,9 +16,13 @@ from ..common import gather_kv_indices
 
 
 class EagerFlashInferDecode:
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int, draft_tokens: int = 4):
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, draft_tokens: int = 4, sliding_window: int = 0,
+                 full_to_swa: torch.Tensor | None = None):
         dev = req_to_token.device
         self.req_to_token, self.D = req_to_token, draft_tokens
+        # a sliding window (0: none): the window layers' wrapper reads the current token and the W before it; their
+        # KV in a pool of its own when ``full_to_swa`` maps the full pool's slots into it
+        self.window, self.full_to_swa = sliding_window, full_to_swa
         self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=dev)
         self.kv_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
 
@@ -36,8 +41,24 @@ class EagerFlashInferDecode:
         kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq_lens, kv_indptr, total)
         indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
         indptr_host[1:] = torch.cumsum(fb.seq_lens_cpu[:bs], 0)
-        return SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices,
-                               kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=indptr_host)
+        out = SimpleNamespace(kv_indptr=kv_indptr, kv_indices=kv_indices,
+                              kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=indptr_host)
+        return self.window_of(fb, out) if self.window else out
+
+    def window_of(self, fb, out: SimpleNamespace) -> SimpleNamespace:
+        """``out`` with the window wrapper's stream, request by request: each row's last min(seq, W + 1) slots
+        (translated into the window pool where there is one, with the step's write slots)."""
+        bs = fb.batch_size
+        rows, ends = fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist()
+        keep = [min(e, self.window + 1) for e in ends]
+        idx = torch.cat([self.req_to_token[r, e - k: e].long() for r, e, k in zip(rows, ends, keep, strict=True)]
+                        + [torch.zeros(0, dtype=torch.long)])
+        if self.full_to_swa is not None:
+            idx = self.full_to_swa[idx]
+            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[:bs].long()]
+        out.window_kv_indptr = torch.tensor([0, *itertools.accumulate(keep)], dtype=torch.int32)
+        out.window_kv_indices, out.window_kv_indptr_host = idx, out.window_kv_indptr.clone()
+        return out
 
     def verify(self, fb) -> SimpleNamespace:
         bs, D = fb.batch_size, self.D

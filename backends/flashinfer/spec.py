@@ -19,8 +19,17 @@ from attnmeta.backends.flashinfer.planner import (
 )
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
+from attnmeta.compiler.ir.errors import OptionsError
 
-from ..common import decode_inputs, extend_lens, host_seq_lens, prefix_lens, verify_headroom, verify_mask
+from ..common import (
+    decode_inputs,
+    extend_lens,
+    host_seq_lens,
+    prefix_lens,
+    verify_headroom,
+    verify_mask,
+    window_stream,
+)
 
 I32, I64 = DType.int32, DType.int64
 
@@ -36,6 +45,10 @@ class FlashInferOptions:
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
+    if options.sliding_window and not mode.is_decode():
+        raise OptionsError(f"attnmeta's flashinfer spec plans sliding-window layers for decode only, not "
+                           f"{mode.name.lower()}; serve EAGLE on a sliding-window model with --attention-backend "
+                           f"attnmeta_triton or attnmeta_fa3, or with SGLang's own flashinfer")
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
     room = verify_headroom(mode, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, room)
@@ -47,6 +60,12 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device)
     if mode is ForwardMode.EXTEND:
         return extend(b, rpi, req_to_token)
+    win = {}
+    if options.sliding_window:
+        # the window layers' wrapper reads the last min(seq, SW + 1) tokens: FlashInfer's window counts the current
+        # one besides the SW before it
+        win = window_stream(b, seq_lens, rpi, req_to_token, options, past=1)
+        del win["window_kv_lens"], win["window_kv_start"]
     with b.in_graph():
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
         kv_indices = b.ragged_gather(req_to_token, rpi, seq_lens, kv_indptr, capacity="max_bs*L", name="kv_indices")
@@ -58,8 +77,18 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         last_page_len_host = b.full(1, ["bs"], I32, Placement.host, name="kv_last_page_len_host")
         plan = b.host_call(DEVICE_PLANNER if on_device else PLANNER, *host.values(), last_page_len_host, name="plan",
                            binds=dict(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len))
-    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len, plan=plan,
-              ragged={"kv_indices": "kv_indptr"}, **host)
+        if win:  # the window layers' wrapper, planned as the full layers' over the window's stream
+            if not on_device:
+                host["window_kv_indptr_host"] = b.cumsum(b.ewise("min", seq_lens_cpu, options.sliding_window + 1),
+                                                         name="window_kv_indptr_host")
+            win["plan_window"] = b.host_call(
+                DEVICE_PLANNER if on_device else PLANNER,
+                *([] if on_device else [host["window_kv_indptr_host"]]), last_page_len_host, name="plan_window",
+                binds=dict(kv_indptr=win["window_kv_indptr"], kv_indices=win["window_kv_indices"],
+                           kv_last_page_len=last_page_len))
+    ragged = {"kv_indices": "kv_indptr"} | ({"window_kv_indices": "window_kv_indptr"} if win else {})
+    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len, plan=plan, ragged=ragged,
+              **host, **win)
     return b.build()
 
 
@@ -143,4 +172,4 @@ def extend(b: SpecBuilder, rpi, req_to_token) -> Graph:
 MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND, ForwardMode.EXTEND)
 SPEC = BackendSpec("flashinfer", build, MODES,
                    doc="FlashInfer paged decode: kv_indptr, kv_indices, kv_last_page_len, host plan()",
-                   headroom=verify_headroom, planners=standins(), options_type=FlashInferOptions)
+                   headroom=verify_headroom, planners=standins(), options_type=FlashInferOptions, windows=True)

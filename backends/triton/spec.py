@@ -27,10 +27,10 @@ from __future__ import annotations
 import attrs
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
-from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
+from attnmeta.compiler.ir import DType, Graph, Placement, SpecBuilder
 from attnmeta.compiler.ir.errors import OptionsError
 
-from ..common import decode_inputs, extend_lens, verify_mask
+from ..common import decode_inputs, extend_lens, verify_mask, window_stream
 
 I32, I64 = DType.int32, DType.int64
 
@@ -82,26 +82,14 @@ def window(b: SpecBuilder, keys, rpi, req_to_token, options: CompileOptions, tok
     columns start). Nothing without a window."""
     if not options.sliding_window:
         return {}
-    out, decode = {}, tokens == "bs"
-    with b.in_graph():
-        lens = b.ewise("min", keys, options.sliding_window, name="window_kv_lens")
-        out["window_kv_indptr"] = indptr = b.cumsum(lens, name="window_kv_indptr")
-        # the window's first column: entries j read column start + j
-        start = b.ewise("sub", keys, lens, name=None if decode else "window_kv_offsets")
-        idx = b.ragged_gather(req_to_token, rpi, lens, indptr, capacity="max_bs*SW",
-                              jump=(b.full(0, ["bs"], I32), start),
-                              name="window_kv_full" if options.window_pool else "window_kv_indices")
-        if options.window_pool:
-            full_to_swa = b.pool("full_to_swa", I64, ["N"])
-            out_loc = b.input("out_cache_loc", I64, [tokens], fill=0, kind=Kind.slot)
-            idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
-            out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
-        out["window_kv_indices"] = idx
-        if decode:
-            out["window_num_kv_splits"] = num_kv_splits(b, lens, options, prefix="window_")[0]
-        else:
-            out["window_kv_offsets"] = start
-    return out
+    stream = window_stream(b, keys, rpi, req_to_token, options, tokens=tokens)
+    lens, start = stream.pop("window_kv_lens"), stream.pop("window_kv_start")
+    if tokens == "bs":  # decode
+        with b.in_graph():
+            stream["window_num_kv_splits"] = num_kv_splits(b, lens, options, prefix="window_")[0]
+    else:
+        stream["window_kv_offsets"] = start
+    return stream
 
 
 def windowed(ragged: dict, win: dict) -> dict:

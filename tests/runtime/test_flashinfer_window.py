@@ -1,0 +1,113 @@
+"""FlashInfer's sliding-window layers (``sliding_window`` = W > 0, decode): a second wrapper's stream beside the full
+layers' (the last min(seq, W + 1) slots: FlashInfer's window counts the current token besides the W before it),
+with the window's KV in the full pool or in a pool of its own (``window_pool``: slots translated through the
+engine's ``full_to_swa`` table, and the step's write slots with them), planned as the full wrapper is (host
+indptr, or the partition on the device). Compiled eager, captured and replayed (padded, idle) steps against the
+eager twin (request by request), the reference interpreter and a hand-computed case; modes the spec does not plan
+with a window are refused at compile time."""
+
+import pytest
+import torch
+
+from attnmeta.backends.flashinfer.eager import EagerFlashInferDecode
+from attnmeta.backends.flashinfer.spec import FlashInferOptions
+from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.compiler.ir import eval_graph
+from attnmeta.compiler.ir.errors import OptionsError
+from attnmeta.runtime import ForwardBatch, ReplayView
+from tests.batches import capture, make_pool
+from tests.engine import padded_inputs
+from tests.oracles import padded
+
+L, ROWS, MAX_BS, SIZES, W = 128, 20, 8, (1, 4, 8), 24
+
+
+def batch(bs: int, seed: int, slots: int) -> ForwardBatch:
+    """Lengths around the window's edge (1, W, W + 1, W + 2) and up to L, and write slots of their own."""
+    g = torch.Generator().manual_seed(seed)
+    edges = torch.tensor([1, W, W + 1, W + 2, L])
+    seq = torch.where(torch.rand(bs, generator=g) < 0.5, edges[torch.randint(0, 5, (bs,), generator=g)],
+                      torch.randint(1, L + 1, (bs,), generator=g)).to(torch.int32)
+    rpi = torch.randperm(ROWS - 1, generator=g)[:bs].to(torch.int64) + 1
+    return ForwardBatch(ForwardMode.DECODE, bs, req_pool_indices=rpi, req_pool_indices_cpu=rpi, seq_lens=seq,
+                        seq_lens_cpu=seq, seq_lens_sum=int(seq.sum()), out_cache_loc=torch.randint(1, slots, (bs,),
+                                                                                                generator=g))
+
+
+def check(cb, be, fb, bs, pool, f2s, on_device: bool) -> None:
+    """Both wrappers' streams against the twin (on the rows the kernels read) and the interpreter; each wrapper
+    planned over its own stream."""
+    want = EagerFlashInferDecode(pool, MAX_BS, sliding_window=W, full_to_swa=f2s).init_forward_metadata(
+        padded(fb, bs))
+    m = be.forward_metadata
+    n, nw = int(want.kv_indptr[bs]), int(want.window_kv_indptr[bs])
+    assert torch.equal(m.kv_indptr[: bs + 1], want.kv_indptr)
+    assert torch.equal(m.kv_indices[:n].long(), want.kv_indices.long())
+    assert torch.equal(m.window_kv_indptr[: bs + 1], want.window_kv_indptr)
+    assert torch.equal(m.window_kv_indices[:nw].long(), want.window_kv_indices.long())
+    if f2s is not None:
+        assert torch.equal(m.swa_out_cache_loc[:bs], want.swa_out_cache_loc)
+    else:
+        assert not hasattr(m, "swa_out_cache_loc")
+    assert m.plan is not m.plan_window  # two wrappers, two sites
+    if not on_device:  # the host planner of each wrapper got its own stream's total
+        assert torch.equal(m.window_kv_indptr_host[: bs + 1], want.window_kv_indptr_host)
+        assert (m.plan.total_kv, m.plan_window.total_kv) == (n, nw)
+    g = cb.plan(ForwardMode.DECODE, bs).graph
+    ref = eval_graph(g, padded_inputs(g, fb, bs, {"req_to_token": pool, **({"full_to_swa": f2s} if f2s is not None
+                                                                            else {})}))
+    for f in ("window_kv_indptr", "swa_out_cache_loc"):
+        if f in ref:
+            assert torch.equal(getattr(m, f).cpu()[: ref[f].numel()], ref[f]), f
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host-plan", "device-plan"])
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+def test_window_wrapper_eager_captured_and_replayed(window_pool, on_device):
+    cb = compile_backend("flashinfer", CompileOptions(
+        max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, sliding_window=W, window_pool=window_pool,
+        backend=FlashInferOptions(plan_on_device=on_device)))
+    pool, slots = make_pool(ROWS, L, seed=3), ROWS * L + 1
+    f2s = torch.randperm(slots, generator=torch.Generator().manual_seed(4)) if window_pool else None
+    for bs in SIZES:
+        be = cb.instantiate(pool, pools={"full_to_swa": f2s} if window_pool else None)
+        cap = batch(bs, bs, slots)
+        g = capture(be, cap)
+        check(cb, be, cap, bs, pool, f2s, on_device)
+        for seed, raw in [(11, bs), (12, bs - 1), (13, 0), (14, bs)]:  # another batch, padding, idle, again
+            fb = batch(raw, seed, slots) if raw else ForwardBatch(ForwardMode.IDLE, 0)
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            g.replay()
+            check(cb, be, fb, bs, pool, f2s, on_device)
+        for seed in (21, 22):  # eager at a size never captured
+            fb = batch(3, seed, slots)
+            be.init_forward_metadata(fb)
+            check(cb, be, fb, 3, pool, f2s, on_device)
+
+
+def test_window_wrapper_by_hand():
+    """W = 3: a request of 6 tokens reads its last 4 (columns 2..5), one of 2 both; the window pool's slot of a
+    full slot s is 1000 - s. The full wrapper still reads all 8."""
+    pool = torch.zeros(4, 16, dtype=torch.int32)
+    pool[1, :6] = torch.tensor([11, 12, 13, 14, 15, 16])
+    pool[2, :2] = torch.tensor([21, 22])
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=16,
+                                                      sliding_window=3, window_pool=True))
+    be = cb.instantiate(pool, pools={"full_to_swa": 1000 - torch.arange(64)})
+    seq, rpi = torch.tensor([6, 2], dtype=torch.int32), torch.tensor([1, 2])
+    be.init_forward_metadata(ForwardBatch(ForwardMode.DECODE, 2, req_pool_indices=rpi, req_pool_indices_cpu=rpi,
+                                          seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=8,
+                                          out_cache_loc=torch.tensor([17, 23])))
+    m = be.forward_metadata
+    assert m.window_kv_indptr[:3].tolist() == [0, 4, 6]
+    assert m.window_kv_indices[:6].tolist() == [987, 986, 985, 984, 979, 978]
+    assert m.swa_out_cache_loc[:2].tolist() == [983, 977]
+    assert m.kv_indptr[:3].tolist() == [0, 6, 8]
+    assert m.kv_indices[:8].tolist() == [11, 12, 13, 14, 15, 16, 21, 22]
+
+
+@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
+def test_window_outside_decode_is_refused(mode):
+    with pytest.raises(OptionsError, match=f"sliding-window layers for decode only, not {mode}"):
+        compile_backend("flashinfer", CompileOptions(max_bs=2, max_context_len=16, sliding_window=3,
+                                                     modes=("decode", mode)))
