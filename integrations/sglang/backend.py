@@ -241,9 +241,10 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         mc = model_runner.model_config
         self.num_head, self.num_kv_head = rank_heads(model_runner)
         self.head_dim = mc.head_dim
+        window, pools = sliding_window(self, model_runner.sliding_window_size)
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
-                                  backend=FlashInferOptions(plan_on_device=device_planned(planner)))
-        self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device)
+                                  backend=FlashInferOptions(plan_on_device=device_planned(planner)), **window)
+        self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device, **pools)
         from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, self.num_head, self.num_kv_head, self.head_dim,
@@ -254,7 +255,14 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
     _reads_host_lengths = host_planned
 
     def unserved(self) -> list[str]:
-        checks = ((self.num_wrappers != 1, "sliding-window or cross attention (two wrappers)"),
+        from sglang.srt.layers.attention.flashinfer_backend import WrapperDispatch
+
+        # a sliding window's two wrappers (window layers first, as SGLang indexes them) are planned; cross
+        # attention's are not
+        checks = ((self.num_wrappers != 1 and self.dispatch_reason != WrapperDispatch.SLIDING_WINDOW,
+                   "cross attention (two wrappers)"),
+                  (self.use_sliding_window_kv_pool and self.token_to_kv_pool.full_to_swa_index_mapping is None,
+                   "a sliding-window pool without its full-to-window slot table"),
                   (self.is_dllm_model, "diffusion LLM decoding"),
                   (self.kv_index_translator.is_translating, "a translated (unified) KV pool"),
                   (self.prefill_uses_dequant_workspace or self.decode_uses_dequant_workspace,
@@ -280,7 +288,12 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         from sglang.srt.layers.attention.flashinfer_backend import DecodeMetadata, PrefillMetadata
 
         if v.forward_mode.is_decode_or_idle():
-            return DecodeMetadata(decode_wrappers=[m.plan])
+            if not self.attnmeta.compiled.options.sliding_window:
+                return DecodeMetadata(decode_wrappers=[m.plan])
+            # SGLang's wrapper index of a layer is whether it is a full one: the window layers' wrapper first; with a
+            # window pool, their KV writes go to the step's slots translated into it
+            return DecodeMetadata(decode_wrappers=[m.plan_window, m.plan],
+                                  swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
         return PrefillMetadata(prefill_wrappers=[m.plan], use_ragged=False, extend_no_prefix=False)
 
 

@@ -140,12 +140,13 @@ def device_sms(device) -> dict:
     return {"sm_count": torch.cuda.get_device_properties(dev).multi_processor_count}
 
 
-def sliding_window(b) -> tuple[dict, dict]:
+def sliding_window(b, size: int | None = None) -> tuple[dict, dict]:
     """(options, pools) of SGLang backend ``b``'s sliding window as its runner resolved it: the window
     (``sliding_window_size``; 0 without one) and whether the window layers keep their KV in a pool of their own
     (``SWAKVPool``), whose slots are reached through the allocator's full-to-window table (registered on the
-    pool before any backend is built)."""
-    w = b.sliding_window_size if b.sliding_window_size and b.sliding_window_size > 0 else 0
+    pool before any backend is built). ``size``: the runner's window, for a backend that keeps none of its own."""
+    size = b.sliding_window_size if size is None else size  # FlashInfer's backend leaves it on its runner
+    w = size if size and size > 0 else 0
     pool = bool(w and b.use_sliding_window_kv_pool)
     return dict(sliding_window=w, window_pool=pool), (
         {"full_to_swa": b.token_to_kv_pool.full_to_swa_index_mapping} if pool else {})

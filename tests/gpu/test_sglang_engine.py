@@ -30,7 +30,8 @@ CASES = [f"{kind}:{page}{':' + topk if topk else ''}" for kind in ("triton", "fl
 CASES += [f"fa3:{page}{':' + topk if topk else ''}" for page in (1, 16) for topk in ("", "1", "4")]
 # a sliding-window model (OLMo 2, its first layer windowed) in both of SGLang's layouts: one KV pool ("window") and
 # the hybrid pool whose window slots are translated from the full pool's ("swa")
-CASES += [f"{kind}:{page}@{layout}" for kind in ("triton", "fa3") for page in (1, 16) for layout in ("window", "swa")]
+CASES += [f"{kind}:{page}@{layout}" for kind in ("triton", "flashinfer", "fa3") for page in (1, 16)
+          for layout in ("window", "swa")]
 WANTED = [c for c in os.environ.get("ATTNMETA_ENGINE_CASES", "").split(",") if c] or CASES
 
 
