@@ -112,7 +112,8 @@ def cmd_compile(a) -> int:
     return 0
 
 
-OWN_FLAGS = ("index_topk", "compress_ratios", "plan_on_device", "max_kv_splits")  # backends' own options
+# the backends' own options
+OWN_FLAGS = ("index_topk", "compress_ratios", "plan_on_device", "max_kv_splits", "attention_chunk")
 
 
 def own_options(backend: str, a):
@@ -291,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
                         "(FlashInferDecodeAdapter's device planner, FlashInfer 0.6)")
     c.add_argument("--max-kv-splits", type=int,
                    help="triton specs: the most KV splits a row may get (SGLang's --triton-attention-num-kv-splits; 8)")
+    c.add_argument("--attention-chunk", type=int,
+                   help="flashattention: chunked local attention's chunk in tokens (Llama 4's attention_chunk_size; "
+                        "decode)")
     c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "
                                       "there (also ATTNMETA_DUMP_DIR)")
     c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")

@@ -96,3 +96,21 @@ def dsv4_batch(mode, raw: int, rng, L: int, D: int, rows: int) -> ForwardBatch:
     loc = torch.tensor([rng.randrange(rows * L) for _ in range(raw * per)], dtype=torch.int64)
     return ForwardBatch(mode, raw, req_pool_indices=rpi, req_pool_indices_cpu=rpi.clone(), seq_lens=seq,
                         seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()), out_cache_loc=loc)
+
+
+def paged_pool(rows: int, L: int, P: int, seed: int) -> torch.Tensor:
+    """req_to_token as a paged allocator fills it: each row's pages are whole pages (slot = page * P + offset),
+    in random order; row 0 reserved."""
+    g = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(rows * L // P, generator=g)[: (rows - 1) * L // P].view(rows - 1, L // P) + 1
+    t = torch.zeros(rows, L, dtype=torch.int32)
+    t[1:] = (pages[:, :, None] * P + torch.arange(P)).reshape(rows - 1, L).to(torch.int32)
+    return t
+
+
+def window_table(rows: int, L: int, P: int, seed: int) -> torch.Tensor:
+    """full_to_swa: page-aligned, as SWAKVPool's allocator hands window pages out (slot 0 to 0)."""
+    g = torch.Generator().manual_seed(seed)
+    n = rows * L // P + 1
+    perm = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(n - 1, generator=g) + 1])
+    return (perm[:, None] * P + torch.arange(P)).reshape(-1)

@@ -14,8 +14,10 @@ from attnmeta.runtime.metadata import Metadata, step_prefix
 class EagerFlashAttentionDecode:
     strided_extend = False  # draft extend's queries: each request's accepted tokens
 
-    def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1, draft_tokens: int = 4):
+    def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1, draft_tokens: int = 4,
+                 attention_chunk: int = 0):
         self.req_to_token, self.page_size, self.D = req_to_token, page_size, draft_tokens
+        self.chunk = attention_chunk  # chunked local attention's chunk (decode), 0: none
         L = req_to_token.shape[1]
         self.strided = torch.arange(0, L, page_size, device=req_to_token.device)
 
@@ -34,8 +36,24 @@ class EagerFlashAttentionDecode:
         cu_q = torch.arange(0, (bs + 1) * T, T, dtype=torch.int32, device=seq.device)
         if fb.forward_mode.is_draft_extend() and not self.strided_extend:  # queries: each request's accepted tokens
             cu_q = torch.nn.functional.pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0))
-        return SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
-                               page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)
+        out = SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
+                              page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)
+        return self.local(fb, out) if self.chunk and not spec else out
+
+    def local(self, fb, out: SimpleNamespace) -> SimpleNamespace:
+        """Chunked local attention, request by request: the chunk the request's last token is in, its tokens so
+        far, and the pages they are on (``local_block_table`` holds only those; the rest of a row is the
+        kernel's to ignore)."""
+        bs, P, C = fb.batch_size, self.page_size, self.chunk
+        keys, tables = [], []
+        for row, n in zip(fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist(), strict=True):
+            start = (n - 1) // C * C  # the chunk's first token
+            keys.append(n - start)
+            tables.append((self.req_to_token[row, start:n:P] // P).to(torch.int32))
+        out.local_query_start_loc = torch.arange(bs + 1, dtype=torch.int32)
+        out.local_seqused_k = torch.tensor(keys, dtype=torch.int32)
+        out.local_block_table = tables  # per request, its chunk's pages
+        return out
 
 
 class EagerFlashAttentionTreeVerify(EagerFlashAttentionDecode):

@@ -8,6 +8,10 @@ into the captured graph. ``max_seq_len_q`` is the per-mode constant 1 and
 
 from __future__ import annotations
 
+import math
+
+import attrs
+
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Kind, Placement, SpecBuilder
 from attnmeta.compiler.ir.errors import OptionsError
@@ -18,6 +22,20 @@ from ..multistep import headroom as branch_headroom
 from .tree import tree_draft, tree_verify
 
 I32, I64 = DType.int32, DType.int64
+
+
+@attrs.frozen
+class FlashAttentionOptions:
+    """FlashAttention's own options (``CompileOptions(backend=FlashAttentionOptions(...))``)."""
+
+    # chunked local attention (Llama 4's iRoPE layers): those layers attend within fixed chunks of this many
+    # tokens, each request's current chunk a batch item of its own (0: none; the model's attention_chunk_size)
+    attention_chunk: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        c = self.attention_chunk
+        if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+            raise OptionsError(f"attention_chunk must be an int >= 0 (tokens; 0: none), got {c!r} (--attention-chunk)")
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
@@ -50,12 +68,38 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
         page_table = b.page_table(req_to_token, rpi, kv_lens, page_size=options.page_size, width="W",
                                   name="page_table")
     win = window_pool(b, page_table, options, f"{T}*bs") if options.window_pool else {}
+    chunk = options.of(FlashAttentionOptions).attention_chunk if name == "flashattention" else 0
+    if chunk:
+        win |= local_chunks(b, seq_lens, win.get("swa_page_table", page_table), mode, options, chunk)
     with b.out_graph():
         max_q = b.full(T, [], I32, Placement.host, name="max_seq_len_q")
         max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
     b.outputs(cache_seqlens_int32=cache_seqlens, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
               page_table=page_table, max_seq_len_q=max_q, max_seq_len_k=max_k, **win)
     return b.build()
+
+
+def local_chunks(b: SpecBuilder, seq_lens, table, mode: ForwardMode, options: CompileOptions, C: int) -> dict:
+    """Chunked local attention, decode (SGLang's ``LocalAttentionMetadataBuilder``, one query per request): each
+    request's current chunk of ``C`` tokens is one batch item (``local_query_start_loc``), its keys the tokens of
+    that chunk so far, ((seq - 1) mod C) + 1 (``local_seqused_k``), its pages those of the chunk's columns of
+    ``table`` (the window pool's where the chunked layers keep their KV there), C / P of them, the columns past the
+    table's last clamped to it as SGLang clamps them (the kernel reads only the first ceil(keys / P))."""
+    P = options.page_size
+    if not mode.is_decode():
+        raise OptionsError(f"flashattention: chunked local attention is planned for decode only, not "
+                           f"{mode.name.lower()} (SGLang's own fa3 captures it for decode only); serve EAGLE on a "
+                           f"chunked-attention model with SGLang's own fa3")
+    if C % P:
+        raise OptionsError(f"attention_chunk={C} is not a multiple of the page size {P}: a chunk must start on a page "
+                           f"(--attention-chunk, --page-size)")
+    last = math.ceil(options.max_context_len / P) - 1
+    with b.in_graph():
+        keys = b.ewise("add", b.ewise("mod", b.ewise("sub", seq_lens, 1), C), 1, name="local_seqused_k")
+        first = b.ewise("floordiv", b.ewise("sub", seq_lens, keys), P)  # the chunk's first page column
+        cols = b.clamp(b.outer("add", first, b.arange(C // P)), 0, last)
+        return {"local_query_start_loc": b.arange("bs + 1", name="local_query_start_loc"), "local_seqused_k": keys,
+                "local_block_table": b.gather_rows(table, b.arange("bs"), cols, name="local_block_table")}
 
 
 def window_pool(b: SpecBuilder, page_table, options: CompileOptions, tokens) -> dict:
@@ -82,7 +126,7 @@ def translated(b: SpecBuilder, full_to_swa, page_table, out_loc, P: int, prefix:
 
 SPEC = BackendSpec("flashattention", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="FlashAttention decode: cache_seqlens, cu_seqlens_q/k, page table at static width W",
-                   headroom=verify_headroom, windows=True)
+                   headroom=verify_headroom, windows=True, options_type=FlashAttentionOptions)
 TRTLLM_MHA_SPEC = BackendSpec("trtllm_mha", build_trtllm_mha,
                               (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                               doc="TRT-LLM MHA (Hopper, Blackwell): FlashAttention's metadata, draft extend strided "

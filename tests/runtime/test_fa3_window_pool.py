@@ -11,6 +11,7 @@ from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.compiler.ir.errors import OptionsError
 from attnmeta.runtime import ForwardBatch, ReplayView
+from tests import batches
 from tests.batches import capture
 from tests.engine import padded_inputs
 
@@ -18,21 +19,11 @@ L, ROWS, MAX_BS, SIZES, D = 128, 12, 4, (1, 4), 3
 
 
 def paged_pool(P: int, seed: int) -> torch.Tensor:
-    """req_to_token as a paged allocator fills it: each row's pages are whole pages (slot = page * P + offset),
-    in random order; row 0 reserved."""
-    g = torch.Generator().manual_seed(seed)
-    pages = torch.randperm(ROWS * L // P, generator=g)[: (ROWS - 1) * L // P].view(ROWS - 1, L // P) + 1
-    t = torch.zeros(ROWS, L, dtype=torch.int32)
-    t[1:] = (pages[:, :, None] * P + torch.arange(P)).reshape(ROWS - 1, L).to(torch.int32)
-    return t
+    return batches.paged_pool(ROWS, L, P, seed)
 
 
 def window_table(P: int, seed: int) -> torch.Tensor:
-    """full_to_swa: page-aligned, as SWAKVPool's allocator hands window pages out (slot 0 to 0)."""
-    g = torch.Generator().manual_seed(seed)
-    n = ROWS * L // P + 1
-    perm = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(n - 1, generator=g) + 1])
-    return (perm[:, None] * P + torch.arange(P)).reshape(-1)
+    return batches.window_table(ROWS, L, P, seed)
 
 
 def batch(mode, bs: int, seed: int, dev="cpu") -> ForwardBatch:
