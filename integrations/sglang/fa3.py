@@ -23,8 +23,11 @@ Under EAGLE topk > 1 the window layers verify in one attention per draft query o
 drafts its tree-mask row shows (``swa_spec_metadata``), built in the same recorded kernel, at page size 1 as
 SGLang plans it.
 
+Chunked local attention (Llama 4's iRoPE layers) is served in decode: each request's current chunk is a batch
+item of its own (``local_attn_metadata``), from the same recorded kernel.
+
 What it does not serve yet is refused at start with the reason (``unserved``): windows under EAGLE topk > 1 at
-page sizes past 1, prefill-aware windows, chunked local attention, MLA on FA3, the FA4
+page sizes past 1, prefill-aware windows, chunked local attention under EAGLE, MLA on FA3, the FA4
 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
@@ -34,6 +37,7 @@ on every replay of that graph.
 
 from __future__ import annotations
 
+from attnmeta.backends.flashattention.spec import FlashAttentionOptions
 from attnmeta.compiler.ir.errors import OptionsError
 
 from .backend import mask_in_place, mask_into_plan, own_verify_mask
@@ -68,7 +72,10 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         super().__init__(model_runner, skip_prefill, speculative_step_id, topk, speculative_num_steps, fa_impl_ver)
         q, kv = rank_heads(model_runner)
         window, pools = sliding_window(self)
-        wanted = resolved_options(model_runner, self, num_heads=q, num_kv_heads=kv, **window)
+        # chunked local attention (Llama 4's iRoPE layers): SGLang's model config says so, its runner has the chunk
+        chunk = model_runner.attention_chunk_size if self.local_attn_builder is not None else 0
+        own = {"backend": FlashAttentionOptions(attention_chunk=chunk)} if chunk else {}
+        wanted = resolved_options(model_runner, self, num_heads=q, num_kv_heads=kv, **window, **own)
         self._attach(compiled, wanted, self.req_to_token, model_runner.device, **pools)
 
     def unserved(self) -> list[str]:
@@ -86,7 +93,8 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                    "sliding-window attention under EAGLE topk > 1 at page size > 1 (SGLang's own fa3 plans its merged "
                    "window at page size 1 only)"),
                   (getattr(self, "is_prefill_aware_swa", False), "prefill-aware sliding-window attention"),
-                  (self.local_attn_builder is not None, "chunked local attention"),
+                  (self.local_attn_builder is not None and (self.topk > 0 or self.is_draft_runner),
+                   "chunked local attention under EAGLE (SGLang's own fa3 captures it for decode only)"),
                   (self.use_mla, "MLA models on FlashAttention"),
                   (self.fa_impl_ver != 3, f"FlashAttention {self.fa_impl_ver} (attnmeta_fa3 serves FA3's)"),
                   (self.kv_index_translator.is_translating, "a translated (unified) KV pool"),
@@ -112,6 +120,13 @@ class FA3Backend(CompiledModes, _SGLangFA3):
     def _shape(self, m, v):
         meta = _metadata(m.cache_seqlens_int32, m.cu_seqlens_q, m.cu_seqlens_k, m.page_table, m.max_seq_len_q,
                          m.max_seq_len_k)
+        if hasattr(m, "local_seqused_k"):  # chunked local attention: each request's current chunk a batch item
+            from sglang.srt.layers.attention.local_attention import LocalAttentionMetadata
+
+            meta.local_attn_metadata = LocalAttentionMetadata(
+                local_query_start_loc=m.local_query_start_loc, local_seqused_k=m.local_seqused_k,
+                local_block_table=m.local_block_table, local_max_query_len=1,
+                local_max_seq_len=self.attnmeta.compiled.options.of(FlashAttentionOptions).attention_chunk)
         if self.attnmeta.compiled.options.window_pool:  # the window layers' pages and write slots, in their pool
             meta.swa_page_table = getattr(m, "swa_page_table", None)  # a tree verify's are its window attention's
             meta.swa_out_cache_loc = m.swa_out_cache_loc

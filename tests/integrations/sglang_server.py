@@ -75,12 +75,14 @@ class Server:
     ``python -m sglang.launch_server``, without ``--model-path``)."""
 
     def __init__(self, flags: list[str], seed: int = 0, device: str = "cpu", rows: int = ROWS, context: int = 1024,
-                 model: str = "llama", window: int | None = None, window_pool: bool = False):
+                 model: str = "llama", window: int | None = None, window_pool: bool = False, chunk: int | None = None):
         """``window``: the sliding window SGLang resolved from the model (its runner's ``sliding_window_size``);
         ``window_pool``: the window layers' KV in a pool of its own (SGLang's ``SWAKVPool``: layer 0 windowed,
-        the rest full) reached through a full-to-window slot table, else one plain pool."""
+        the rest full) reached through a full-to-window slot table, else one plain pool. ``chunk``: chunked local
+        attention's chunk (a Llama 4 config's ``attention_chunk_size``: SGLang's model config then says it is a
+        local-attention model)."""
         register()
-        self.window, self.window_pool = window, window_pool
+        self.window, self.window_pool, self.chunk = window, window_pool, chunk
         self.device, self.rows, self.hidden = device, rows, MODELS[model]["hidden_size"]
         path = model_dir(context, model)
         args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
@@ -90,6 +92,8 @@ class Server:
         self.context = create_context(self.args, role="scheduler")  # SGLang resolves the flags here
         with self.active():
             self.model_config = ModelConfig.from_server_args(self.args)
+            if chunk:  # as SGLang's ModelConfig reads a Llama 4 config (its architecture, its attention_chunk_size)
+                self.model_config.is_local_attention_model, self.model_config.attention_chunk_size = True, chunk
             self.spec = get_spec()
             self.speculative = self.spec.speculative_algorithm is not None
             self.runner = self._runner(seed)
@@ -123,6 +127,7 @@ class Server:
         r.is_draft_worker, r.draft_attention_backend = False, None
         r.spec_algorithm = SpeculativeAlgorithm.from_string(self.spec.speculative_algorithm)
         r.page_size, r.sliding_window_size, r.init_new_workspace = P, self.window, False
+        r.attention_chunk_size = self.chunk  # ModelRunner copies it from the model config
         r.max_running_requests = self.rows - 1  # the request pool's rows, as SGLang sizes it from the flag
         r.model = torch.nn.Module()  # no weights are loaded: a model without layers (TRT-LLM MHA scans its modules)
         # fp32 on a CPU: Triton's interpreter computes bf16 attention wrong (SGLang's own kernels too)

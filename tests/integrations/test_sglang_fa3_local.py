@@ -1,0 +1,77 @@
+"""``attnmeta_fa3`` on a chunked-local-attention model (Llama 4's iRoPE layers), against SGLang's own ``fa3`` on the
+same runner.
+
+SGLang's model config says the model has local attention and its chunk (``attention_chunk_size``, which its runner
+also takes as the sliding window: Llama 4's chunked layers are its window layers, their KV in ``SWAKVPool`` unless
+the hybrid memory is off); its FA3 backend then gives those layers each request's current chunk as a batch item of
+its own (``local_attn_metadata``: query indptr, the chunk's keys so far, its pages). Decode and idle, pages 1 and
+16, both pool layouts, eager and replayed through SGLang's decode graph runner: the local fields the kernel reads
+equal SGLang's own, beside every other field; EAGLE on such a model is refused by name."""
+
+import pytest
+
+pytest.importorskip("sglang.srt.layers.attention.base_attn_backend", reason="SGLang is not installed here; "
+                    "make test-sglang runs these")
+
+import random
+
+from attnmeta.compiler.ir.errors import OptionsError
+from tests import fake_fa3
+from tests.integrations.served_pairs import serve, side_by_side
+from tests.integrations.sglang_server import ROWS, Server
+from tests.integrations.test_sglang_fa3_served import eagle, same
+
+C = 64  # tokens: lengths below, at and past a chunk, and past a page
+
+
+def lens(rng: random.Random, n: int, hi: int) -> list[int]:
+    edges = [1, 2, C - 1, C, C + 1, 2 * C, 2 * C + 1, 17, hi - 1, hi]
+    return [rng.choice(edges) if rng.random() < 0.5 else rng.randint(1, hi) for _ in range(n)]
+
+
+def same_local(ours, theirs, n: int, P: int, what: str) -> None:
+    """The local batch items the kernel reads: one query each, the chunk's keys, its first ceil(keys / P) pages."""
+    assert ours is not None and theirs is not None, (what, "local_attn_metadata")
+    assert ours.local_query_start_loc[: n + 1].tolist() == theirs.local_query_start_loc[: n + 1].tolist(), what
+    keys = theirs.local_seqused_k[:n].tolist()
+    assert ours.local_seqused_k[:n].tolist() == keys, (what, "local_seqused_k")
+    for r, k in enumerate(keys):
+        pages = -(-k // P)
+        assert ours.local_block_table[r, :pages].tolist() == theirs.local_block_table[r, :pages].tolist(), \
+            (what, "local_block_table", r)
+    assert int(ours.local_max_query_len) == int(theirs.local_max_query_len) == 1, what
+
+
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+@pytest.mark.parametrize("page", [1, 16])
+def test_local_attention_equals_sglangs_own_fa3(page, window_pool):
+    with pytest.MonkeyPatch.context() as mp:
+        fake_fa3.into_sglang(mp)
+        s = Server(["--attention-backend", "attnmeta_fa3", "--page-size", str(page)], seed=5 + page, window=C,
+                   window_pool=window_pool, chunk=C)
+        own = s.own("fa3")
+        assert s.backend.has_local_attention and own.has_local_attention and own.attention_chunk_size == C
+        rng, P, L = random.Random(page + window_pool), s.runner.page_size, s.model_config.context_len
+        modes, pairs, _ = side_by_side(s, "fa3")
+        seen = set()
+        for step in range(16):
+            replayed = step % 4 != 3
+            n = rng.randint(1, max(s.sizes))
+            rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L)
+            runners = pairs["decode"]
+            serve(s, runners, "decode", rows, seq, step, replayed, bare=step % 5 == 4)
+            ours, theirs = runners[0].backend, runners[1].backend
+            assert ours._ours is not None  # attnmeta's compiled plan served it
+            what = f"local page {P} step {step}"
+            same(ours.forward_metadata, theirs.forward_metadata, n, P, what)
+            same_local(ours.forward_metadata.local_attn_metadata, theirs.forward_metadata.local_attn_metadata, n, P,
+                       what)
+            seen.add(replayed)
+        assert seen == {True, False} and modes == ["decode"]
+
+
+def test_eagle_on_a_local_attention_model_is_refused():
+    with pytest.MonkeyPatch.context() as mp:
+        fake_fa3.into_sglang(mp)
+        with pytest.raises(OptionsError, match="chunked local attention under EAGLE"):
+            Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], seed=1, window=C, chunk=C)
