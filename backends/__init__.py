@@ -32,7 +32,7 @@ _BASE = (flashinfer.SPEC, flashattention.SPEC, triton.SPEC, flashinfer_mla.SPEC,
 # fields an engine's drafter computes once per round over the prefix (as the multistep specs declare them)
 PER_ROUND = {"triton": ("num_kv_splits", "uneven_batch")}
 _EXTRA = (dsv4.SPEC, flashattention.DRAFT_SPEC, multistep(flashinfer.SPEC), multistep(flashinfer_mla.SPEC),
-          multistep(triton.SPEC, per_round=PER_ROUND["triton"]))
+          multistep(triton.SPEC, per_round=PER_ROUND["triton"], windows=True))
 SPECS: dict[str, BackendSpec] = {s.name: s for s in (*_BASE, *(tbo(b) for b in _BASE), *_EXTRA)}
 
 EAGER = {"flashinfer": flashinfer_eager.EagerFlashInferDecode,

@@ -72,14 +72,29 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
     return {**ins, **rows}, (seq, shift)
 
 
-def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpec:
+def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool = False) -> BackendSpec:
+    """``inner``'s S draft steps x K branches; ``windows``: its sliding-window fields planned per step too (topk 1:
+    the inner decode's window over each step's keys, its write slot that step's)."""
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         g = inner.build(ForwardMode.DECODE, options)
         b = SpecBuilder(f"multistep.{g.name}")
         p_hi = f"L - {headroom(mode, options)}"  # every step's drafts, every branch, fit after the prefix
+        if options.sliding_window and options.topk > 1:
+            raise OptionsError(f"multistep_{inner.name}: a sliding window is planned for EAGLE's draft decode at "
+                               f"topk 1 only (a branch's window spans the prefix and its own drafts); serve topk "
+                               f"{options.topk} with SGLang's own drafter (--speculative-draft-attention-backend "
+                               f"{inner.name})")
+        # one write slot per request and step (EAGLE's [bs, S] layout at topk 1): step s writes column s of its row,
+        # which a window pool's layers need translated (the inner decode's out_cache_loc: one per request)
+        slot = next((i for i in g.inputs if i.name == "out_cache_loc"), None)
+        if slot is not None and options.topk > 1:
+            raise OptionsError(f"multistep_{inner.name}: per-step write slots are planned at topk 1 only")
         ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror,
                               i.kind, p_hi if i.name in SEQ else i.hi)
-               for i in g.inputs}
+               for i in g.inputs if i is not slot}
+        if slot is not None:
+            ins["out_cache_loc"] = b.input("out_cache_loc", slot.type.dtype, [f"{options.num_steps}*bs"],
+                                           slot.type.placement, slot.fill, slot.role, slot.mirror, slot.kind, slot.hi)
         rows, jump, subs = ins, None, None
         if options.topk > 1:
             rows, jump = _branches(b, g, ins, options)
@@ -98,6 +113,10 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpe
                 if name in step:
                     with b.out_graph() if name.endswith("_cpu") else b.in_graph():
                         step[name] = b.ewise("add", rows[name], s + 1, name=step_prefix(s) + name)
+            if slot is not None:
+                with b.in_graph():
+                    step["out_cache_loc"] = b.lookup(rows["out_cache_loc"], b.arange("bs", start=s,
+                                                                                      step=options.num_steps))
             out = b.inline(g, step, prefix=step_prefix(s), subs=subs, rewrite=branch_gather) | round_
             fields.update({step_prefix(s) + f: v for f, v in out.items()})
             ragged.update({step_prefix(s) + o.field: step_prefix(s) + o.ragged_by for o in g.outputs if o.ragged_by})
@@ -106,4 +125,4 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = ()) -> BackendSpe
 
     return BackendSpec(f"multistep_{inner.name}", build, (ForwardMode.DECODE,),
                        doc=f"S draft-decode steps x topk branches of {inner.name}", headroom=headroom,
-                       planners=inner.planners, options_type=inner.options_type)
+                       planners=inner.planners, options_type=inner.options_type, windows=windows and inner.windows)

@@ -21,9 +21,9 @@ from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.compiler.ir.errors import OptionsError
 
-from .backend import device_planned, host_planned, split_scratch
+from .backend import device_planned, host_planned, split_scratch, swa_scratch
 from .kinds import KINDS, sglang
-from .options import rank_heads, resolved_options
+from .options import rank_heads, resolved_options, sliding_window
 from .served import CompiledModes
 
 log = logging.getLogger("attnmeta.runtime.integrations")
@@ -61,16 +61,18 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None):
         super().__init__(model_runner, topk, speculative_num_steps)
         c = self.attn_backends[0]
-        if self.window_rail or c.use_sliding_window_kv_pool or self.draft_window_size > 0:
-            raise OptionsError("attnmeta's multistep_triton does not plan a draft window or sliding-window layers; "
-                               "serve this draft with SGLang's own triton drafter (--speculative-draft-attention-"
-                               "backend triton); attnmeta_triton still serves the target's decode and verify")
+        if self.draft_window_size > 0 or (self.window_rail and topk > 1):
+            raise OptionsError("attnmeta's multistep_triton plans a sliding-window model's draft decode at topk 1 "
+                               "only, and no draft window; serve this draft with SGLang's own triton drafter "
+                               "(--speculative-draft-attention-backend triton); attnmeta_triton still serves the "
+                               "target's decode and verify")
         static = c.static_kv_splits or c.device_core_count <= 0
+        window, pools = sliding_window(c)  # the window rail: each step's window over its keys, its write slot's
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=c.num_head, num_kv_heads=c.num_kv_head,
-                                  sm_count=0 if static else c.device_core_count,
+                                  sm_count=0 if static else c.device_core_count, **window,
                                   backend=TritonOptions(max_kv_splits=c.max_kv_splits))
-        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
+        self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device, **pools)
         self._eager_scratch: dict = {}
 
     def _step_shape(self, m, s: int):
@@ -81,9 +83,20 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
         return ForwardMetadata(attn_logits=logits, attn_lse=lse, max_extend_len=None,
                                num_kv_splits=_step(m, s, "num_kv_splits"), kv_indptr=_step(m, s, "kv_indptr"),
                                kv_indices=_step(m, s, "kv_indices"), qo_indptr=None, custom_mask=None,
-                               mask_indptr=None, window_kv_indptr=None, window_kv_indices=None,
-                               window_num_kv_splits=None, window_kv_offsets=None, lean_Mp=mp, lean_Lp=lp, lean_Op=op,
-                               lean_locks=locks, uneven_batch=_step(m, s, "uneven_batch").view(1))
+                               mask_indptr=None, window_kv_offsets=None, lean_Mp=mp, lean_Lp=lp, lean_Op=op,
+                               lean_locks=locks, uneven_batch=_step(m, s, "uneven_batch").view(1),
+                               **self._step_window(m, s, rows))
+
+    def _step_window(self, m, s: int, rows: int) -> dict:
+        """Step ``s``'s window rail (its keys' last min(seq + s + 1, W) slots, translated into a window pool with its
+        write slot), or all None without a window."""
+        if not self.attnmeta.compiled.options.sliding_window:
+            return dict(window_kv_indptr=None, window_kv_indices=None, window_num_kv_splits=None)
+        return dict(window_kv_indptr=_step(m, s, "window_kv_indptr"),
+                    window_kv_indices=_step(m, s, "window_kv_indices"),
+                    window_num_kv_splits=_step(m, s, "window_num_kv_splits"),
+                    swa_out_cache_loc=getattr(m.step(s), "swa_out_cache_loc", None),
+                    swa_attn_logits=swa_scratch(self.attn_backends[s], rows, self._eager_scratch))
 
 
 class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):

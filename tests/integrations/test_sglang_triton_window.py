@@ -133,9 +133,57 @@ SPEC_FIELDS = ("kv_indptr", "kv_indices", "qo_indptr", "mask_indptr", "max_exten
                "window_kv_indices", "window_kv_offsets", "swa_out_cache_loc")
 
 
-def test_attnmetas_drafter_refuses_a_window_and_names_the_flag():
+def test_attnmetas_drafter_refuses_a_window_past_topk_1_and_names_the_flag():
     with pytest.raises(OptionsError, match="--speculative-draft-attention-backend triton"):
-        Server(EAGLE, window=W)
+        Server([*EAGLE, "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
+                "--speculative-num-draft-tokens", "6"], window=W)
+
+
+DRAFT_FIELDS = ("kv_indptr", "kv_indices", "window_kv_indptr", "window_kv_indices")
+
+
+# SGLang's window rail kernel runs in Triton's interpreter here (slow): each layout at one page size
+@pytest.mark.parametrize("page, window_pool", [(1, False), (16, True)], ids=["page1-one-pool", "page16-window-pool"])
+def test_draft_decode_window_rail_equals_sglangs_own_drafter(page, window_pool):
+    """attnmeta's triton drafter at topk 1 on a window model beside SGLang's own (its window rail): every step's
+    keys and window (the last min(seq + step + 1, W) of the prefix and the drafts so far), and with a window pool
+    each step's own write slot translated; eager and replayed through each drafter's graph runner."""
+    from tests.integrations.sglang_server import draft_decode
+
+    server = Server([*EAGLE, "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
+                     "--speculative-num-draft-tokens", "4", "--page-size", str(page)], seed=7 + page, window=W,
+                    window_pool=window_pool)
+    S = server.spec.speculative_num_steps
+    mine, own = server.draft_decode, server.own_drafters("triton")[0]
+    assert mine.attnmeta.compiled.options.sliding_window == W and own.window_rail
+    runners = [Runners(server, mine, "d", 1), Runners(server, own, "d", 1)]
+    with server.active():
+        for r in runners:
+            r.capture(lambda bs: draft_decode(server, [0] * bs, [1] * bs), "draft")
+    rng, L, seen = random.Random(page * 2 + window_pool), server.model_config.context_len, set()
+    for step in range(6):
+        replayed = step % 3 != 2
+        n = rng.randint(1, max(server.sizes))
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - S)
+        loc = torch.tensor(rng.sample(range(1, server.slots), n * S))  # each request's S draft slots in a row
+        with server.active():
+            for r in runners:
+                drive(r, writing(server, draft_decode(server, rows, seq), loc, server.draft_runner), "draft", n,
+                      replayed)
+        seen.add(replayed)
+        for k in range(S - 1):  # SGLang's drafter runs S - 1 attention steps (the last draft is never attended)
+            a, b = mine.attn_backends[k].forward_metadata, own.attn_backends[k].forward_metadata
+            if replayed:  # what SGLang's captured steps read: its drafter's buffers (the capture's views are shorter)
+                b = type("Read", (), {"kv_indptr": own.kv_indptr[k], "kv_indices": own.cuda_graph_kv_indices[k],
+                                      "window_kv_indptr": own.window_kv_indptr[k],
+                                      "window_kv_indices": own.cuda_graph_window_kv_indices[k]})
+            for f in DRAFT_FIELDS:
+                x, y = rows_read(a, b, f, n)
+                assert torch.equal(x.long(), y.long()), (step, k, f, replayed, x[:8].tolist(), y[:8].tolist())
+            if window_pool:
+                want = server.runner.token_to_kv_pool.full_to_swa_index_mapping[loc.view(n, S)[:, k]]
+                assert torch.equal(a.swa_out_cache_loc[:n].long(), want.long()), (step, k)
+    assert seen == {True, False}
 
 
 @pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
