@@ -105,7 +105,12 @@ for stage in "$@"; do
       export PYTHONPATH="$PWD/tests/gpu/standin${PYTHONPATH:+:$PYTHONPATH}"
       export ATTNMETA_ENGINE_BATCHES=1,16,64 ATTNMETA_ENGINE_REPS=5
       k=${ATTNMETA_ENGINETIME_KIND:-triton}  # or flashinfer, fa3
-      pairs="$k:1,attnmeta_$k:1 $k:1:1,attnmeta_$k:1:1 $k:1:4,attnmeta_$k:1:4"
+      # ATTNMETA_ENGINETIME_PAIRS picks pairs by their topk suffix ("plain 1 4", the default; a whole run of one
+      # order is about 7 engines, past one 10-minute device call: split it, e.g. "plain 1" then "4")
+      pairs=""
+      for t in ${ATTNMETA_ENGINETIME_PAIRS:-plain 1 4}; do
+        if [ "$t" = plain ]; then pairs="$pairs $k:1,attnmeta_$k:1"; else pairs="$pairs $k:1:$t,attnmeta_$k:1:$t"; fi
+      done
       order=""
       for p in $pairs; do
         a=${p%,*}; b=${p#*,}
