@@ -27,6 +27,13 @@ def _compiled(name: str = "flashinfer", modes=("decode", "target_verify", "draft
     return compile_backend(name, CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=16, modes=modes, **kw))
 
 
+def _chunked(chunk: int, page: int):
+    from attnmeta.backends.flashattention.spec import FlashAttentionOptions
+
+    return _compiled("flashattention", modes=("decode",), page_size=page,
+                     backend=FlashAttentionOptions(attention_chunk=chunk))
+
+
 def _backend(name: str = "flashinfer", **kw):
     from tests.batches import make_pool
 
@@ -204,9 +211,15 @@ CASES = [
     Case("a page size the backend's kernels do not serve (TRT-LLM MLA at 16)",
          lambda: _compiled("trtllm_mla", page_size=16), "OptionsError",
          "backend 'trtllm_mla' serves page sizes [32, 64], not 16"),
-    Case("a sliding window for a backend that plans none (FlashInfer)",
+    Case("a sliding window for a backend that plans none (TRT-LLM MHA)",
+         lambda: _compiled("trtllm_mha", sliding_window=40), "OptionsError",
+         "backend 'trtllm_mha' does not plan sliding-window layers (sliding_window=40)"),
+    Case("a sliding window under EAGLE on FlashInfer (its window is planned for decode only)",
          lambda: _compiled("flashinfer", sliding_window=40), "OptionsError",
-         "backend 'flashinfer' does not plan sliding-window layers (sliding_window=40)"),
+         "attnmeta's flashinfer spec plans sliding-window layers for decode only, not target_verify"),
+    Case("chunked local attention off page boundaries (FlashAttention, chunk 24 at page size 16)",
+         lambda: _chunked(24, 16), "OptionsError",
+         "attention_chunk=24 is not a multiple of the page size 16"),
     Case(".ir text with a missing `}`", lambda: _parse(GRAPH), "ParseError", "graph 'g' is not closed"),
     Case(".ir text after the closing `}`", lambda: _parse(GRAPH + "}\n  output z = %x\n"), "ParseError",
          "text after the closing '}'"),
