@@ -110,3 +110,32 @@ def test_eagle_on_a_window_model_is_refused_with_the_way_out():
         with pytest.raises(OptionsError, match="sliding-window layers for decode only.*attnmeta_fa3"):
             Server(["--attention-backend", "attnmeta_flashinfer", "--speculative-algorithm", "EAGLE"], seed=1,
                    window=W, window_pool=False)
+
+
+def test_sglangs_own_flashinfer_verify_window_reads_a_rows_first_slots():
+    """Why attnmeta does not copy SGLang 0.5.23's FlashInfer window under EAGLE (docs/SGLANG.md, "Not built yet"):
+    its window wrapper plans a target verify over the *first* min(seq, W) + D slots of each request's row (its
+    verify path drops the window's start), so a request longer than the window reads its oldest tokens, not its
+    last W and its drafts. Recorded here from SGLang's own backend, by hand against the request rows."""
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    from tests.integrations.sglang_server import verify
+
+    D, w = 4, 8
+    with pytest.MonkeyPatch.context() as mp:
+        fi = fake_flashinfer.into_sglang(mp)
+        plans = []
+        mp.setattr(fi.BatchPrefillWithPagedKVCacheWrapper, "begin_forward",
+                   lambda self, qo, kv, indices, *a, **k: plans.append((kv.clone(), indices.clone())), raising=False)
+        s = Server(["--attention-backend", "attnmeta_triton", "--speculative-algorithm", "EAGLE",
+                    "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens",
+                    str(D), "--speculative-draft-attention-backend", "triton"], seed=3, window=w)
+        rows, seq = [1, 2], [20, 3]
+        with s.active():
+            own = FlashInferAttnBackend(s.runner)
+            own.init_forward_metadata(verify(s, rows, seq, random.Random(0)))
+    (kv, idx), _full = plans  # the window layers' wrapper first
+    r2t = s.runner.req_to_token_pool.req_to_token
+    assert kv.tolist() == [0, w + D, w + D + seq[1] + D]  # min(seq, W) + D keys per request
+    assert idx[: w + D].tolist() == r2t[1, : w + D].tolist()  # the row's first slots ...
+    assert idx[: w + D].tolist() != r2t[1, seq[0] + D - (w + D): seq[0] + D].tolist()  # ... not its last
