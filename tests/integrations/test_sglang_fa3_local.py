@@ -75,3 +75,18 @@ def test_eagle_on_a_local_attention_model_is_refused():
         fake_fa3.into_sglang(mp)
         with pytest.raises(OptionsError, match="chunked local attention under EAGLE"):
             Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], seed=1, window=C, chunk=C)
+
+
+def test_an_artifact_without_the_chunk_is_refused_by_name():
+    import attrs
+
+    from attnmeta.compiler import compile_backend
+
+    with pytest.MonkeyPatch.context() as mp:
+        fake_fa3.into_sglang(mp)
+        from attnmeta.integrations.sglang.fa3 import FA3Backend
+
+        s = Server(["--attention-backend", "attnmeta_fa3"], seed=1, window=C, chunk=C)
+        other = compile_backend("flashattention", attrs.evolve(s.backend.attnmeta.compiled.options, backend=None))
+        with s.active(), pytest.raises(OptionsError, match=f"attention_chunk: compiled 0, SGLang {C}"):
+            FA3Backend(s.runner, compiled=other)
