@@ -58,7 +58,7 @@ def lens(rng: random.Random, n: int, hi: int) -> list[int]:
 
 
 def same(ours, theirs, fields, live: int, what: str) -> None:
-    """Field by field, on the rows kernels read (``sglang_server.rows_read``)."""
+    """Field by field, on the rows kernels read (``sglang_runners.rows_read``)."""
     for f in fields:
         a, b = rows_read(ours, theirs, f, live)
         if not isinstance(b, torch.Tensor):
