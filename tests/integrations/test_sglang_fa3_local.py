@@ -4,9 +4,9 @@ same runner.
 SGLang's model config says the model has local attention and its chunk (``attention_chunk_size``, which its runner
 also takes as the sliding window: Llama 4's chunked layers are its window layers, their KV in ``SWAKVPool`` unless
 the hybrid memory is off); its FA3 backend then gives those layers each request's current chunk as a batch item of
-its own (``local_attn_metadata``: query indptr, the chunk's keys so far, its pages). Decode and idle, pages 1 and
-16, both pool layouts, eager and replayed through SGLang's decode graph runner: the local fields the kernel reads
-equal SGLang's own, beside every other field; EAGLE on such a model is refused by name."""
+its own (``local_attn_metadata``: query indptr, the chunk's keys so far, its pages). Decode and idle, one pool at
+page 1 and SWAKVPool at page 16, eager and replayed through SGLang's decode graph runner: the local fields the
+kernel reads equal SGLang's own, beside every other field; EAGLE on such a model is refused by name."""
 
 import pytest
 
@@ -42,8 +42,8 @@ def same_local(ours, theirs, n: int, P: int, what: str) -> None:
     assert int(ours.local_max_query_len) == int(theirs.local_max_query_len) == 1, what
 
 
-@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
-@pytest.mark.parametrize("page", [1, 16])
+# each layout at one page size (CI's time is short)
+@pytest.mark.parametrize("page, window_pool", [(1, False), (16, True)], ids=["page1-one-pool", "page16-window-pool"])
 def test_local_attention_equals_sglangs_own_fa3(page, window_pool):
     with pytest.MonkeyPatch.context() as mp:
         fake_fa3.into_sglang(mp)
@@ -54,7 +54,7 @@ def test_local_attention_equals_sglangs_own_fa3(page, window_pool):
         rng, P, L = random.Random(page + window_pool), s.runner.page_size, s.model_config.context_len
         modes, pairs, _ = side_by_side(s, "fa3")
         seen = set()
-        for step in range(16):
+        for step in range(10):
             replayed = step % 4 != 3
             n = rng.randint(1, max(s.sizes))
             rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L)

@@ -41,8 +41,8 @@ def servers(page: int, window_pool: bool) -> tuple[Server, Server]:
     return ours, oracle
 
 
-@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
-@pytest.mark.parametrize("page", [1, 16])
+# each layout at one page size (the window's stream is the same per token at both; CI's time is short)
+@pytest.mark.parametrize("page, window_pool", [(1, False), (16, True)], ids=["page1-one-pool", "page16-window-pool"])
 def test_window_wrappers_read_sglangs_window_stream(page, window_pool):
     with pytest.MonkeyPatch.context() as mp:
         fake_flashinfer.into_sglang(mp)
@@ -54,7 +54,7 @@ def test_window_wrappers_read_sglangs_window_stream(page, window_pool):
         with s.active():
             run.capture(lambda bs: decode(s, [0] * bs, [1] * bs), "decode")
         rng, L, seen = random.Random(page + window_pool), s.model_config.context_len, set()
-        for step in range(18):
+        for step in range(14):
             replayed, idle = step % 3 != 2, step % 7 == 6
             n = rng.randint(1, max(s.sizes))
             rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L)

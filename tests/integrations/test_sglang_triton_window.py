@@ -161,7 +161,7 @@ def test_draft_decode_window_rail_equals_sglangs_own_drafter(page, window_pool):
         for r in runners:
             r.capture(lambda bs: draft_decode(server, [0] * bs, [1] * bs), "draft")
     rng, L, seen = random.Random(page * 2 + window_pool), server.model_config.context_len, set()
-    for step in range(6):
+    for step in range(4):
         replayed = step % 3 != 2
         n = rng.randint(1, max(server.sizes))
         rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - S)
