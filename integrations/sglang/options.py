@@ -145,7 +145,7 @@ def sliding_window(b, size: int | None = None) -> tuple[dict, dict]:
     (``sliding_window_size``; 0 without one) and whether the window layers keep their KV in a pool of their own
     (``SWAKVPool``), whose slots are reached through the allocator's full-to-window table (registered on the
     pool before any backend is built). ``size``: the runner's window, for a backend that keeps none of its own."""
-    size = b.sliding_window_size if size is None else size  # FlashInfer's backend leaves it on its runner
+    size = getattr(b, "sliding_window_size", None) if size is None else size  # FlashInfer's keeps it on its runner
     w = size if size and size > 0 else 0
     pool = bool(w and b.use_sliding_window_kv_pool)
     return dict(sliding_window=w, window_pool=pool), (
