@@ -114,3 +114,22 @@ def window_table(rows: int, L: int, P: int, seed: int) -> torch.Tensor:
     n = rows * L // P + 1
     perm = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(n - 1, generator=g) + 1])
     return (perm[:, None] * P + torch.arange(P)).reshape(-1)
+
+
+def replay_then_eager(be, g, bs: int, make, check) -> None:
+    """A captured plan of ``bs`` rows replayed on another full batch, a padded one, an idle one and a full one
+    again, then two eager steps at a size never captured (3); ``make(raw, seed)`` draws a batch, ``check(fb, bs)``
+    compares what the backend published."""
+    from attnmeta.compiler import ForwardMode
+    from attnmeta.runtime import ForwardBatch, ReplayView
+
+    for seed, raw in [(11, bs), (12, bs - 1), (13, 0), (14, bs)]:
+        fb = make(raw, seed) if raw else ForwardBatch(ForwardMode.IDLE, 0)
+        be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+        g.replay()
+        check(fb, bs)
+    for seed in (21, 22):
+        fb = make(3, seed)
+        be.init_forward_metadata(fb)
+        check(fb, 3)
+

@@ -12,8 +12,8 @@ from attnmeta.backends.flashattention.spec import FlashAttentionOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.compiler.ir.errors import OptionsError
-from attnmeta.runtime import ForwardBatch, ReplayView
-from tests.batches import capture, paged_pool, window_table
+from attnmeta.runtime import ForwardBatch
+from tests.batches import capture, paged_pool, replay_then_eager, window_table
 from tests.engine import padded_inputs
 from tests.oracles import padded
 
@@ -65,15 +65,8 @@ def test_local_fields_eager_captured_and_replayed(page, window_pool):
         be = cb.instantiate(pool, pools={"full_to_swa": f2s} if window_pool else None)
         g = capture(be, batch(bs, bs, slots))
         check(cb, be, batch(bs, bs, slots), bs, pool, page, f2s)
-        for seed, raw in [(11, bs), (12, bs - 1), (13, 0), (14, bs)]:  # another batch, padding, idle, again
-            fb = batch(raw, seed, slots) if raw else ForwardBatch(ForwardMode.IDLE, 0)
-            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
-            g.replay()
-            check(cb, be, fb, bs, pool, page, f2s)
-        for seed in (21, 22):  # eager at a size never captured
-            fb = batch(3, seed, slots)
-            be.init_forward_metadata(fb)
-            check(cb, be, fb, 3, pool, page, f2s)
+        replay_then_eager(be, g, bs, lambda raw, seed: batch(raw, seed, slots),
+                          lambda fb, n, be=be: check(cb, be, fb, n, pool, page, f2s))
 
 
 def test_local_fields_by_hand():

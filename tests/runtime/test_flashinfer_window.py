@@ -14,8 +14,8 @@ from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.compiler.ir.errors import OptionsError
-from attnmeta.runtime import ForwardBatch, ReplayView
-from tests.batches import capture, make_pool
+from attnmeta.runtime import ForwardBatch
+from tests.batches import capture, make_pool, replay_then_eager
 from tests.engine import padded_inputs
 from tests.oracles import padded
 
@@ -74,15 +74,8 @@ def test_window_wrapper_eager_captured_and_replayed(window_pool, on_device):
         cap = batch(bs, bs, slots)
         g = capture(be, cap)
         check(cb, be, cap, bs, pool, f2s, on_device)
-        for seed, raw in [(11, bs), (12, bs - 1), (13, 0), (14, bs)]:  # another batch, padding, idle, again
-            fb = batch(raw, seed, slots) if raw else ForwardBatch(ForwardMode.IDLE, 0)
-            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
-            g.replay()
-            check(cb, be, fb, bs, pool, f2s, on_device)
-        for seed in (21, 22):  # eager at a size never captured
-            fb = batch(3, seed, slots)
-            be.init_forward_metadata(fb)
-            check(cb, be, fb, 3, pool, f2s, on_device)
+        replay_then_eager(be, g, bs, lambda raw, seed: batch(raw, seed, slots),
+                          lambda fb, n, be=be: check(cb, be, fb, n, pool, f2s, on_device))
 
 
 def test_window_wrapper_by_hand():
