@@ -168,14 +168,15 @@ class CompiledAttentionBackend(AttentionBackend):
                              f"request's queries; recompile with --num-draft-tokens {d}")
 
     def replayer(self, b: BoundPlan, paths: dict | None = None, extra: tuple = (), helpers: dict | None = None,
-                 then: tuple = ()):
+                 then: tuple = (), fed: str | None = None):
         """For an engine adapter, at capture: ``b``'s whole replayed out_graph on the engine's buffers as one
         generated function of the adapter's own batch (``engine.replayer``: ``paths`` and ``helpers`` reach its
-        fields, ``extra`` adds what else it requires, ``then`` what it publishes), or None where ``b`` reads no
-        engine buffers or needs host work every step (the adapter takes the ordinary path)."""
+        fields, ``extra`` adds what else it requires, ``then`` what it publishes, ``fed`` which views its runner
+        fed without handing the buffers), or None where ``b`` reads no engine buffers or needs host work every
+        step (the adapter takes the ordinary path)."""
         if b.engine is None or b.host_work:
             return None
-        return replayer(b, self, paths, extra, helpers, then)
+        return replayer(b, self, paths, extra, helpers, then, fed)
 
     def set_stream(self, stream) -> None:
         """Staging records its hazard event on the stream that was current at the first step; an engine

@@ -103,6 +103,21 @@ def _backed(inputs: list[Input], paths: dict[str, str] | None, extra: tuple, ns:
     return " and ".join(cond) or "True"
 
 
+def _fed(inputs: list[Input], paths: dict[str, str] | None, when: str, ns: dict) -> tuple[str, str]:
+    """The condition that view ``v`` is one an engine's runner fed (``when``, the adapter's expression for it)
+    and hands, in place of each captured buffer, a tensor of exactly its values' shape (the buffer's dtype and
+    device, ``n`` values); and the one grouped device copy that puts them where the graph reads."""
+    cond, srcs = [when], []
+    ns["FOREACH"] = torch._foreach_copy_
+    ns["DSTS"] = [e.tensor for e in inputs]
+    for i, e in enumerate(inputs):
+        ns[f"T{i}"], ns[f"G{i}"] = e.tensor.dtype, e.tensor.get_device()
+        expr = (paths or {}).get(e.name, "v." + e.name)
+        cond.append(f"(t := {expr}).dtype is T{i} and t.numel() == {e.n} and t.get_device() == G{i}")
+        srcs.append(expr)
+    return " and ".join(cond), f"FOREACH(DSTS, [{', '.join(srcs)}])"
+
+
 def _generate(name: str, src: str, ns: dict):
     exec(compile(src, f"<attnmeta {name}>", "exec"), ns)  # noqa: S102
     return ns[name]
@@ -122,21 +137,32 @@ VIEW = object()  # in ``replayer``'s assignments: the step's view itself
 
 
 def replayer(b, backend, paths: dict[str, str] | None = None, extra: tuple = (), helpers: dict | None = None,
-             then: tuple = ()):
+             then: tuple = (), fed: str | None = None):
     """A replayed step's whole out_graph on the engine buffers ``b.engine`` binds, as one generated function
     ``replay(view) -> bool``: False (nothing done) when the view does not hand those buffers (``checker``'s
     condition), else what an earlier step's device checks found is raised, the engine word set, ``b`` made
     ``backend``'s current plan, ``then``'s ``(object, attribute, value)`` assignments made (``VIEW``: the
     view), True. Every object is a constant of the function: the step makes no call but the checks' C
-    calls, because a replayed step's host time is the serving loop's, paid every step with cold caches."""
+    calls, because a replayed step's host time is the serving loop's, paid every step with cold caches.
+    ``fed``: an expression true of a view whose runner has put its values into the captured buffers and
+    replays this very graph next, but hands its own tensors (SGLang's draft-decode runner with no row
+    padded); such a view is copied into the buffers (``_fed``: one grouped device copy, no staging, no
+    wait). Only an adapter that knows its runner says so: a view of other tensors in general may be
+    followed by a larger graph's replay (an engine that dispatches before it pads), whose rows past this
+    view's must then read the staging path's padding, not the buffers' stale rows."""
     e = b.engine
     ns = dict(helpers or {}, FLAG=memoryview(e.guard.host_np), RAISE=e.guard.raise_pending, WORD=e.word,
               SET=e.word.set, AM=backend, B=b)
-    lines = ["def replay(v):", "    try:",
-             f"        if not ({_backed(e.inputs, paths, extra, ns)}):", "            return False",
-             "    except (AttributeError, IndexError, TypeError):", "        return False",
-             "    if FLAG[0]:", "        RAISE()", "    if WORD.value != 1:", "        SET(1)",
-             "    AM._current = B", "    AM.forward_metadata = B.meta"]
+    lines = ["def replay(v):", "    try:", f"        if not ({_backed(e.inputs, paths, extra, ns)}):"]
+    if fed is None:
+        lines.append("            return False")
+    else:
+        cond, copy = _fed(e.inputs, paths, fed, ns)
+        lines += [f"            if not ({cond} and {_backed([], None, extra, ns)}):", "                return False",
+                  f"            {copy}"]
+    lines += ["    except (AttributeError, IndexError, TypeError):", "        return False",
+              "    if FLAG[0]:", "        RAISE()", "    if WORD.value != 1:", "        SET(1)",
+              "    AM._current = B", "    AM.forward_metadata = B.meta"]
     for i, (obj, attr, value) in enumerate(then):
         if not attr.isidentifier():
             raise ValueError(f"replayer: {attr!r} is not an attribute name")

@@ -37,6 +37,9 @@ class _Drafter(CompiledModes):
     round is a decode batch), every step's metadata handed to that step's own SGLang backend."""
 
     sglang_name = ""
+    # SGLang's EagleDraftCudaGraphRunner copies a round's rows, lengths and slots into its buffers, then hands
+    # out_graph the batch itself when it padded no row (``num_padding`` 0) and replays that size's graph
+    _fed = "v.num_padding == 0"
 
     def _shape(self, m, v):
         return [self._step_shape(m, s) for s in range(len(self.attn_backends))]

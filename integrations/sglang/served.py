@@ -185,11 +185,16 @@ class CompiledModes:
         b = self.attnmeta.bound(v.forward_mode, v.batch_size)
         then = ((self._view, "batch_size", v.batch_size), (self._view, "forward_mode", v.forward_mode),
                 *self._published(shaped), (self, "_ours", VIEW))
-        replay = None if extra is None else self.attnmeta.replayer(b, ENGINE_PATHS, extra, ENGINE_HELPERS, then)
+        replay = None if extra is None else self.attnmeta.replayer(b, ENGINE_PATHS, extra, ENGINE_HELPERS, then,
+                                                                   self._fed)
         if replay is None:
             self._replays.pop(key, None)
         else:
             self._replays[key] = replay
+
+    # which views SGLang's runner of this kind fed (its buffers hold their values) while handing its own tensors
+    # (runtime/engine.py ``replayer``); None: its runner always hands the buffers it captured on
+    _fed: str | None = None
 
     def _replay_requires(self, v: BatchView) -> tuple | None:
         """What else a replay with nothing to do requires of the batch, as (expression over the batch ``v``,

@@ -68,11 +68,15 @@ class Runners:
         worker does when the target backend owns a verify mask buffer (``verify_mask``), the tree mask
         written into that buffer."""
         static = self.static[(mode_key, view.batch_size)]
+        # the draft-decode runner re-points its view at the buffers only when it padded rows: an unpadded
+        # view keeps the batch's own tensors, whose values it copied into the buffers
+        repoint = mode_key != "draft" or view.num_padding != 0
         for f in ("seq_lens", "req_pool_indices"):
             src, dst = getattr(view, f, None), getattr(static, f, None)
             if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.shape == dst.shape:
                 dst.copy_(src)
-                setattr(view, f, dst)
+                if repoint:
+                    setattr(view, f, dst)
         src, dst = getattr(view, "out_cache_loc", None), getattr(static, "out_cache_loc", None)
         if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src.numel() <= dst.numel() \
                 and src.data_ptr() != dst.data_ptr():  # the write slots too (a graph reading them reads these)
@@ -137,7 +141,10 @@ def decode_view(fb, bs: int, fill: int, width: int):
 
 def draft_decode_view(fb, bs: int, fill: int):
     """EagleDraftCudaGraphRunner: the batch re-pointed at its padded buffers, plus ``num_padding`` (the write
-    slots too, zero past the live rows' ``topk * S``)."""
+    slots too, zero past the live rows' ``topk * S``); with no row padded, the batch itself (its own tensors:
+    the runner copied their values into its buffers, and ``prepare`` does)."""
+    if fb.batch_size == bs:
+        return SimpleNamespace(**vars(fb), num_padding=0)
     seq, rows, raw = padded(fb, bs, fill)
     K = fb.positions.numel() // max(raw, 1)
     positions = torch.zeros(bs * K, dtype=torch.int64, device=seq.device)  # zeroed, then the live rows copied

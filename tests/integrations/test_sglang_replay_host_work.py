@@ -78,9 +78,12 @@ def case(request):
 
 
 def aten_ops(fn) -> list[str]:
+    """The aten ops ``fn`` dispatches itself (not those an op calls inside: a CPU foreach copy's per-tensor
+    copies are its own)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    return [e.name for e in prof.events() if e.name.startswith("aten::")]
+    return [e.name for e in prof.events() if e.name.startswith("aten::")
+            and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
 
 
 def tensors(meta) -> dict:
@@ -140,9 +143,13 @@ def test_a_replayed_step_dispatches_no_aten_op(case):
             # every kind's planners run in the graph here, except FlashInfer MLA's where the stand-in's plan does
             # not take the device partition (sizes past 2): its C++ planner then needs the host lengths
             assert not plan.host_work or name.startswith("flashinfer_mla"), (name, key, bs)
+            # SGLang's draft-decode runner hands an unpadded batch's own tensors (their values already in its
+            # buffers): one grouped copy into the buffers the graph reads, still no staging and no wait
+            fed = key == "draft" and v.num_padding == 0
             with s.active():
                 ops = aten_ops(lambda v=v, be=be: be.init_forward_metadata_out_graph(v))
-                assert (ops == []) is not plan.host_work, (name, key, bs, ops)
+                want = ["aten::_foreach_copy_"] if fed else []
+                assert (ops == want) is not plan.host_work, (name, key, bs, ops)
                 r.graphs[(key, bs)].replay()
                 replayed = tensors(am.forward_metadata)
                 theirs = twin.bound(v_mode(v), bs).meta  # the mask copied into the twin's plan, as the backend does
@@ -189,8 +196,9 @@ def test_a_bound_graph_is_the_compiled_kernels_and_the_planners_device_work(case
 
 def test_a_view_of_other_buffers_is_staged_and_still_right():
     """A captured plan handed a view of tensors other than the ones it captured (another engine, an eager
-    caller) stages them: host work again, and the graph replayed after it reads what was staged, not the
-    captured buffers' stale values."""
+    caller) stages them, even tensors of exactly the buffers' shape (only the drafter's runner is known to
+    feed its buffers first): host work again, and the graph replayed after it reads what was staged, not
+    the captured buffers' stale values."""
     s = Server(["--attention-backend", "attnmeta_triton"], seed=2)
     be = s.backend
     r = Runners(s, be, "triton", 1)
@@ -198,7 +206,7 @@ def test_a_view_of_other_buffers_is_staged_and_still_right():
         r.capture(lambda bs: decode(s, [0] * bs, [r.fill] * bs), "decode")
         fb = decode(s, [3, 5], [40, 7])
         v = decode_view(fb, r.bucket(2), r.fill, 1)  # not prepared: fresh tensors, not the captured ones
-        assert aten_ops(lambda: be.init_forward_metadata_out_graph(v)) != []
+        assert len(aten_ops(lambda: be.init_forward_metadata_out_graph(v))) > 1
         r.graphs[("decode", v.batch_size)].replay()
         got = tensors(be.attnmeta.forward_metadata)
         be.init_forward_metadata(decode(s, [3, 5], [40, 7]))
