@@ -51,13 +51,14 @@ class EagerFlashInferDecode:
         bs = fb.batch_size
         rows, ends = fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist()
         keep = [min(e, self.window + 1) for e in ends]
+        dev = self.req_to_token.device
         idx = torch.cat([self.req_to_token[r, e - k: e].long() for r, e, k in zip(rows, ends, keep, strict=True)]
-                        + [torch.zeros(0, dtype=torch.long)])
+                        + [torch.zeros(0, dtype=torch.long, device=dev)])
         if self.full_to_swa is not None:
             idx = self.full_to_swa[idx]
             out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[:bs].long()]
-        out.window_kv_indptr = torch.tensor([0, *itertools.accumulate(keep)], dtype=torch.int32)
-        out.window_kv_indices, out.window_kv_indptr_host = idx, out.window_kv_indptr.clone()
+        host = torch.tensor([0, *itertools.accumulate(keep)], dtype=torch.int32)
+        out.window_kv_indptr, out.window_kv_indices, out.window_kv_indptr_host = host.to(dev), idx, host
         return out
 
     def verify(self, fb) -> SimpleNamespace:
