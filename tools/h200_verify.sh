@@ -133,12 +133,15 @@ for k, v in d.items():
       export ATTNMETA_ENGINE_PROFILE="$OUT/eng/profile"
       f="$OUT/engineprofile.json"
       k=${ATTNMETA_ENGINETIME_KIND:-triton}
-      python3 tests/gpu/sglang_engine.py "$f" "$k:1:4" "attnmeta_$k:1:4" "$k:1" "attnmeta_$k:1" > "$f.log" 2>&1
+      # ATTNMETA_ENGINEPROFILE_CASES: a subset (default: both backends, EAGLE topk 4 and plain decode)
+      # shellcheck disable=SC2086
+      python3 tests/gpu/sglang_engine.py "$f" ${ATTNMETA_ENGINEPROFILE_CASES:-$k:1:4 attnmeta_$k:1:4 $k:1 attnmeta_$k:1} \
+        > "$f.log" 2>&1
       python3 -c "import json,sys; d=json.load(open(sys.argv[1]))
 for k, v in d.items():
     print(k, v.get('error', ''), {b: (t['step_ms'], t.get('round_ms'), t.get('rounds')) for b, t in v.get('timed', {}).items()})
     for pid, p in v.get('profile', {}).items():
-        if p['after_mark']: print('   ', pid, p['after_mark'], '\n    waits from', p.get('sync_sites'))" "$f" ;;
+        if p['after_mark']: print('   ', pid, p['after_mark'], '\n    waits from', p.get('sync_sites'), '\n    staged', p.get('staged'))" "$f" ;;
     *)
       echo "unknown stage $stage: tier, engine, sglang, sanitize, initrace, bench, replay, replaymla, enginetime-a, enginetime-b or engineprofile" >&2; exit 2 ;;
   esac

@@ -10,7 +10,10 @@ class level, the calls a decode step or an EAGLE round spends host time in:
 - ``forward``: ``ModelRunner.forward`` (a whole forward of the target or the draft, eager or replayed);
 - ``sync``: ``torch.cuda.Stream.synchronize`` / ``Event.synchronize`` and a device tensor's ``tolist`` /
   ``item`` / ``cpu``, the host waiting for the GPU; ``sync_sites`` counts, after the mark, where each was
-  called from (the first two frames outside torch): a wait a backend adds shows by file and line.
+  called from (the first two frames outside torch): a wait a backend adds shows by file and line;
+- ``staged``: after the mark, each step an attnmeta backend staged instead of replaying on the engine's own
+  buffers, by backend class, mode and size, with why (no graph bound to the engine's buffers, or which bound
+  buffer the view did not hand: another tensor, or too few values).
 
 Each call's duration is kept; the scheduler process writes the medians, totals and counts to
 ``$ATTNMETA_ENGINE_PROFILE.<pid>.json`` every few hundred calls (SGLang kills its scheduler on shutdown, so
@@ -30,6 +33,7 @@ _local = threading.local()
 _calls: dict[str, list[float]] = {}
 _after: dict[str, list[float]] = {}
 _sites: dict[str, int] = {}  # after the mark: where each wait on the GPU was called from, and how often
+_staged: dict[str, int] = {}  # after the mark: attnmeta's staged steps, and why they were not replays
 _state = {"n": 0, "marked": False, "checked": 0.0}
 
 
@@ -43,7 +47,8 @@ def _flush() -> None:
                 for k, v in table.items() if v}
     with open(_path(), "w") as f:
         json.dump({"all": summary(_calls), "after_mark": summary(_after),
-                   "sync_sites": dict(sorted(_sites.items(), key=lambda kv: -kv[1]))}, f)
+                   "sync_sites": dict(sorted(_sites.items(), key=lambda kv: -kv[1])),
+                   "staged": dict(sorted(_staged.items(), key=lambda kv: -kv[1]))}, f)
 
 
 def _site() -> str:
@@ -57,6 +62,63 @@ def _site() -> str:
             out.append(f"{'/'.join(path.split('/')[-2:])}:{f.f_lineno} {f.f_code.co_name}")
         f = f.f_back
     return " < ".join(out)
+
+
+def _unbacked(backend, fb) -> str:
+    """Why an attnmeta backend's step on ``fb`` is no replay on the engine's buffers (read, not called)."""
+    import torch
+
+    from attnmeta.integrations.sglang.batch import ENGINE_HELPERS, attnmeta_mode
+
+    if (fb.forward_mode, fb.batch_size) not in backend._replays:
+        return "no replay captured for this mode and size"
+    b = backend.attnmeta._bound.get((attnmeta_mode(fb.forward_mode).graph_key, fb.batch_size))
+    bad = []
+    for e in b.engine.inputs:
+        t = ENGINE_HELPERS["EXTEND"](fb) if e.name == "extend_seq_lens" else getattr(fb, e.name, None)
+        if not isinstance(t, torch.Tensor):
+            bad.append(f"{e.name}: not a tensor")
+        elif t.data_ptr() != e.tensor.data_ptr():
+            bad.append(f"{e.name}: another tensor than the captured buffer")
+        elif t.numel() < e.n:
+            bad.append(f"{e.name}: {t.numel()} values < {e.n}")
+    return "; ".join(bad) or "the bound buffers, but not what the replay also requires (the verify mask's buffer)"
+
+
+def _why_staged() -> None:
+    """Wrap attnmeta's SGLang adapter (outside the ``metadata`` timing) to count the steps it stages."""
+    try:
+        from attnmeta.integrations.sglang.served import CompiledModes
+        from attnmeta.runtime.compiled import CompiledAttentionBackend
+    except ImportError:
+        return
+    fn = CompiledModes.__dict__["init_forward_metadata_out_graph"]
+    if getattr(fn, "_why", False):
+        return
+
+    @functools.wraps(fn)
+    def counted(self, fb, in_capture=False):
+        _local.staged = False
+        out = fn(self, fb, in_capture)
+        if _local.staged and _state["marked"] and not in_capture:
+            try:
+                why = _unbacked(self, fb)
+            except Exception as e:  # noqa: BLE001 - a diagnosis must not break the engine
+                why = f"(diagnosis failed: {type(e).__name__}: {e})"
+            key = f"{type(self).__name__} {fb.forward_mode.name} bs={fb.batch_size}: {why}"
+            _staged[key] = _staged.get(key, 0) + 1
+        return out
+
+    staging = CompiledAttentionBackend.__dict__["init_forward_metadata_out_graph"]
+
+    @functools.wraps(staging)
+    def flagged(self, *a, **k):
+        _local.staged = True
+        return staging(self, *a, **k)
+
+    CompiledAttentionBackend.init_forward_metadata_out_graph = flagged
+    counted._why = True
+    CompiledModes.init_forward_metadata_out_graph = counted
 
 
 def _record(key: str, dt: float) -> None:
@@ -128,6 +190,7 @@ def install() -> None:
     for name in ("tolist", "item", "cpu"):  # C methods of the tensor base: a device tensor's waits for the GPU
         # (a host tensor's call waits for nothing: not counted, else host bookkeeping reads as syncs)
         _wrap(torch.Tensor, name, "sync", outermost=True, inherited=True, when=lambda t: t.is_cuda)
+    _why_staged()
     mr = model_runner.ModelRunner
     _wrap(mr, "forward", "forward", outermost=True)
     init = mr.__dict__["__init__"]

@@ -5,8 +5,9 @@ re-import this file as their main module, so ``register()`` at the top reaches t
     python tests/gpu/sglang_engine.py OUT.json CONFIG [CONFIG ...]
 
 CONFIG is ``backend:page_size[:eagle_topk][@model]``, e.g. ``triton:1``, ``attnmeta_flashinfer:16:4``,
-``fa3:16@swa``. Each engine: a small seeded one-layer Llama (``checkpoints`` says why these weights), or with
-``@window`` / ``@swa`` a two-layer OLMo 2 whose first layer attends through a sliding window (``window_model``),
+``flashinfer:16@gemma``. Each engine: a small seeded one-layer Llama (``checkpoints`` says why these weights), or with
+``@window`` a two-layer OLMo 2 whose first layer attends through a sliding window (``window_model``), or with
+``@gemma`` a two-layer Gemma 2 windowed the same way (``gemma_model``: SGLang serves FlashInfer on Gemma 2, not OLMo 2),
 CUDA graphs on for
 decode (sizes 1, 2, 4, 8), greedy decoding of fixed prompts given as token ids; with a topk, EAGLE with
 a draft that proposes the target's own tokens. OUT.json maps each config to its output token ids and
@@ -98,14 +99,53 @@ def checkpoints() -> tuple[dict, dict]:
 
 
 # OLMo 2 with a sliding first layer (HF's ``layer_types``; SGLang's window is ``sliding_window - 1`` past the
-# current token): "window" keeps one KV pool, "swa" opts into SGLang's hybrid layout (a separate window pool whose
-# slots are translated from the full pool's: SWAKVPool) through the generic ``is_hybrid_swa`` switch
+# current token), in one KV pool: SGLang 0.5.23's model overrides turn its hybrid layout (a window pool whose slots
+# are translated from the full pool's) off for OLMo 2 and Gemma 2 even where the config opts in (``is_hybrid_swa``),
+# so that layout is checked on the CPU against SGLang's own classes (tests/integrations), not here
 WINDOW = {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "hidden_size": 512, "intermediate_size": 1024,
           "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1024,
           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "attention_bias": False,
           "torch_dtype": "bfloat16", "hidden_act": "silu", "tie_word_embeddings": False, "sliding_window": 9,
           "layer_types": ["sliding_attention", "full_attention"]}
-WINDOW_MODELS = {"window": WINDOW, "swa": {**WINDOW, "is_hybrid_swa": True, "hybrid_layer_pattern": [1, 0]}}
+# Gemma 2, its first layer sliding (the same window): SGLang refuses FlashInfer for OLMo 2, and serves Gemma 2 with it
+GEMMA = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 512, "intermediate_size": 1024,
+         "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 1024,
+         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "attention_bias": False,
+         "torch_dtype": "bfloat16", "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+         "query_pre_attn_scalar": 64, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+         "sliding_window": 9, "tie_word_embeddings": True, "layer_types": ["sliding_attention", "full_attention"],
+         "bos_token_id": 2, "eos_token_id": 50279, "pad_token_id": 0}
+
+
+def gemma_model() -> dict:
+    """Gemma 2's weights, seeded (its norms scale by 1 + weight; the lm_head is the embedding). Embeddings of RMS
+    1 after Gemma's sqrt(hidden) scaling, q and k twice the usual scale (scores of standard deviation about 4),
+    and the attention's output norm at gain 8, so attention, not the current token's own embedding, decides
+    the next token: in a float32 reading of this model by HF transformers (greedy, first three prompts),
+    windows of 8, 9 and 10 keys with the current one, and none, each serve different tokens within 24."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    c = GEMMA
+    h, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * c["head_dim"]
+
+    def w(rows: int, cols: int, std: float) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=g) * std).to(torch.bfloat16)
+
+    def gain(n: int, x: float) -> torch.Tensor:
+        return torch.full((n,), x - 1.0, dtype=torch.bfloat16)
+
+    out = {"model.embed_tokens.weight": w(vocab, h, h ** -0.5), "model.norm.weight": gain(h, 3.0)}
+    for i in range(c["num_hidden_layers"]):
+        out |= {f"model.layers.{i}.{k}": t for k, t in {
+            "self_attn.q_proj.weight": w(h, h, 2 * h ** -0.5), "self_attn.k_proj.weight": w(kv, h, 2 * h ** -0.5),
+            "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, h, h ** -0.5),
+            "input_layernorm.weight": gain(h, 1.0), "post_attention_layernorm.weight": gain(h, 8.0),
+            "pre_feedforward_layernorm.weight": gain(h, 1.0), "post_feedforward_layernorm.weight": gain(h, 2.0),
+            "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
+            "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}.items()}
+    return out
 
 
 def window_model() -> dict:
@@ -138,6 +178,9 @@ def window_model() -> dict:
             "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
             "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}.items()}
     return out
+
+
+WINDOW_MODELS = {"window": (WINDOW, window_model), "gemma": (GEMMA, gemma_model)}
 
 
 GRAPH_SIZES = sorted({1, 2, 4, 8, *BATCHES})
@@ -174,7 +217,10 @@ def run(config: str, root: str) -> dict:
     if which:
         if topk:
             raise ValueError(f"{config}@{which}: EAGLE's draft here is the Llama's; window models run without it")
-        path = model(os.path.join(root, which), WINDOW_MODELS[which], window_model())
+        if which not in WINDOW_MODELS:
+            raise ValueError(f"{config}@{which}: the window models are {sorted(WINDOW_MODELS)}")
+        config_of, weights_of = WINDOW_MODELS[which]
+        path = model(os.path.join(root, which), config_of, weights_of())
     else:
         target, draft = checkpoints()
         path = model(os.path.join(root, "llama"), LLAMA, target)
