@@ -206,10 +206,12 @@ class SpecBuilder:
             return self.op(Op.ewise_const, x, fn=fn, value=y, name=name)
         return self.op(Op.ewise, x, y, fn=fn, name=name)
 
-    def ragged_gather(self, table: V, rows: V, lens: V, indptr: V, capacity, jump: tuple[V, V] | None = None,
+    def ragged_gather(self, table: V, rows: V, lens: V, indptr: V, capacity, jump: tuple[V, ...] | None = None,
                       name=None) -> V:
         """Row i's first lens[i] columns of table[rows[i]] at indptr[i]; ``jump=(split, shift)``
-        skips shift[i] columns from entry split[i] on (a draft branch's own slots)."""
+        skips shift[i] columns from entry split[i] on (a draft branch's own slots), and a second pair
+        ``(split, shift, split2, shift2)`` adds its shift from its own split on (a window that starts past
+        column 0 and runs into a branch's slots)."""
         return self.op(Op.ragged_gather, table, rows, lens, indptr, *(jump or ()), capacity=capacity, name=name)
 
     def clamp(self, x: V, lo: int, hi: int, name=None) -> V:

@@ -171,20 +171,25 @@ def _ref_log2_scale(ins, a):
 
 
 def _infer_ragged_gather(ins, a):
-    if len(ins) not in (4, 6):
-        raise ShapeError(f"ragged_gather takes (table, rows, lens, indptr[, split, shift]), got {len(ins)} inputs")
+    if len(ins) not in (4, 6, 8):
+        raise ShapeError(f"ragged_gather takes (table, rows, lens, indptr[, split, shift[, split2, shift2]]), got "
+                         f"{len(ins)} inputs")
     table, rows, *per_row = ins
     if len(table.shape) != 2:
         raise ShapeError(f"ragged_gather table must be 2-D [rows, L], got {table}")
-    for t, w in zip((rows, *per_row), ("rows", "lens", "indptr", "split", "shift"), strict=False):
+    for t, w in zip((rows, *per_row), ("rows", "lens", "indptr", "split", "shift", "split2", "shift2"), strict=False):
         _one_d(t, f"ragged_gather {w}")
     return TensorType(table.dtype, (a["capacity"],), rows.placement)
 
 
-def gather_columns(n: int, split: int | None = None, shift: int = 0) -> torch.Tensor:
-    """Columns row entries j < n read: j, or j + shift once j reaches split (a branch's draft slots)."""
+def gather_columns(n: int, *jumps: int) -> torch.Tensor:
+    """Columns row entries j < n read: j, plus each (split, shift) pair's shift once j reaches its split (a
+    window's first column with split 0; a branch's draft slots after its prefix)."""
     j = torch.arange(n)
-    return j if split is None else j + (j >= split).long() * shift
+    cols = j.clone()
+    for split, shift in zip(jumps[::2], jumps[1::2], strict=True):
+        cols += (j >= split).long() * shift
+    return cols
 
 
 def safe_row(r: int, n: int) -> int:

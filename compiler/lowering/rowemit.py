@@ -118,9 +118,8 @@ def _store_gather(e, n: Node, p: str) -> bool:
     x = e.nm(n.name)
     start = e.val(indptr, "s") if indptr in e.group else e.emit(f"st_{x}", f"tl.load({e.arg(indptr)} + i)")
     cols = "o"
-    if jump:  # a branch's draft slots: entries from split on read shift columns further
-        split, shift = (e.val(v, "s") for v in jump)
-        cols = f"(o + tl.where(o >= {split}, {shift}, 0))"
+    for split, shift in zip(jump[::2], jump[1::2], strict=True):  # entries from split on read shift columns further
+        cols = f"({cols} + tl.where(o >= {e.val(split, 's')}, {e.val(shift, 's')}, 0))"
     e.meta["GBLOCK"] = GATHER_BLOCK
     row = e.row(table, e.val(rows, "s"))
     e.lines += [

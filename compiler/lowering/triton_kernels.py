@@ -45,12 +45,13 @@ def torch_on(t: torch.Tensor) -> bool:
 
 
 @jit
-def _ragged_gather_kernel(table, table_stride, width, nrows, rows, lens, indptr, split, shift, out, capacity,
-                          JUMP: tl.constexpr, BLOCK: tl.constexpr):
+def _ragged_gather_kernel(table, table_stride, width, nrows, rows, lens, indptr, split, shift, split2, shift2, out,
+                          capacity, JUMPS: tl.constexpr, BLOCK: tl.constexpr):
     # One program per request row: copy table[rows[i], cols] to out[indptr[i]:], where cols run
-    # 0..lens[i], or with JUMP skip shift[i] columns from entry split[i] on (a draft branch's slots).
-    # Guarded on device: a row outside the table reads row 0 (reserved), a column past the row
-    # reads 0, and nothing is written outside out, whatever the lengths and indptr hold.
+    # 0..lens[i], each of the JUMPS (split, shift) pairs adding shift[i] columns from entry split[i] on
+    # (a window's first column; a draft branch's slots). Guarded on device: a row outside the table
+    # reads row 0 (reserved), a column outside the row reads 0, and nothing is written outside out,
+    # whatever the lengths and indptr hold.
     i = tl.program_id(0)
     row = tl.load(rows + i).to(tl.int64)
     row = tl.where((row >= 0) & (row < nrows), row, 0)
@@ -59,44 +60,45 @@ def _ragged_gather_kernel(table, table_stride, width, nrows, rows, lens, indptr,
     for j in range(0, n, BLOCK):
         offs = j + tl.arange(0, BLOCK)
         cols = offs
-        if JUMP:
-            cols = offs + tl.where(offs >= tl.load(split + i), tl.load(shift + i), 0)
+        if JUMPS >= 1:
+            cols = cols + tl.where(offs >= tl.load(split + i), tl.load(shift + i), 0)
+        if JUMPS >= 2:
+            cols = cols + tl.where(offs >= tl.load(split2 + i), tl.load(shift2 + i), 0)
         w = (offs < n) & (start + offs >= 0) & (start + offs < capacity)
         v = tl.load(table + row * table_stride + cols, mask=w & (cols >= 0) & (cols < width), other=0)
         tl.store(out + start + offs, v, mask=w)
 
 
 def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, indptr: torch.Tensor,
-                  out: torch.Tensor, split: torch.Tensor | None = None, shift: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+                  out: torch.Tensor, *jumps: torch.Tensor) -> torch.Tensor:
+    """``jumps``: none, (split, shift) or (split, shift, split2, shift2), one entry per row each."""
     n = rows.shape[0]
     if n == 0:
         return out
     if torch_on(out):
-        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, split, shift))  # one opaque launch
+        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, *jumps))  # one opaque launch
         return out
-    jump = split is not None
-    args = (table, table.stride(0), table.shape[1], table.shape[0], rows, lens, indptr,
-            split if jump else lens, shift if jump else lens, out, out.shape[0])  # unread placeholders without a jump
-    launch(lambda: _ragged_gather_kernel[(n,)](*args, JUMP=jump, BLOCK=GATHER_BLOCK))
+    pairs = (*jumps, *(lens,) * (4 - len(jumps)))  # unread placeholders for the pairs not given
+    args = (table, table.stride(0), table.shape[1], table.shape[0], rows, lens, indptr, *pairs, out, out.shape[0])
+    launch(lambda: _ragged_gather_kernel[(n,)](*args, JUMPS=len(jumps) // 2, BLOCK=GATHER_BLOCK))
     return out
 
 
-def _ragged_gather_torch(table, rows, lens, indptr, out, split=None, shift=None):
+def _ragged_gather_torch(table, rows, lens, indptr, out, *jumps):
     """The kernel's CPU twin, row by row (its reads of lens and indptr are device-side reads), with
     the same guards: rows outside the table read row 0, nothing lands outside ``out``."""
     width, bs, cap = table.shape[1], rows.shape[0], out.shape[0]
-    jumps = zip(split.tolist(), shift.tolist(), strict=True) if split is not None else [(None, 0)] * bs
-    for r, n, s, (sp, sh) in zip(rows.tolist(), lens.tolist()[:bs], indptr.tolist()[:bs], jumps, strict=True):
+    per_row = list(zip(*(j.tolist() for j in jumps), strict=True)) if jumps else [()] * bs
+    for r, n, s, jump in zip(rows.tolist(), lens.tolist()[:bs], indptr.tolist()[:bs], per_row, strict=True):
         r, n = (r if 0 <= r < table.shape[0] else 0), max(n, 0)
-        if sp is None and 0 <= s and s + n <= cap:  # the plain gather: one slice copy (then zeros past the row)
+        if not jump and 0 <= s and s + n <= cap:  # the plain gather: one slice copy (then zeros past the row)
             k = min(n, width)
             out[s : s + k] = table[r, :k]
             out[s + k : s + n] = 0
             continue
-        cols = gather_columns(n, sp, sh)
+        cols = gather_columns(n, *jump)
         at = s + torch.arange(n)
         write = (at >= 0) & (at < cap)
-        read = write & (cols < width)
+        read = write & (cols >= 0) & (cols < width)
         out[at[write]] = 0
         out[at[read]] = table[r, cols[read]]

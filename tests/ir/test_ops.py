@@ -110,20 +110,42 @@ def test_gather_rows_and_outer_hand_computed():
     assert OPS[Op.ewise_const].ref([i32(7, -7)], {"fn": "mod", "value": 4}).tolist() == [3, 1]
 
 
+def _gather(impl, ins, capacity=8):
+    from attnmeta.compiler.lowering import triton_kernels
+
+    if impl == "reference":
+        return OPS[Op.ragged_gather].ref(ins, {"capacity": capacity})
+    old, triton_kernels.CPU_KERNELS = triton_kernels.CPU_KERNELS, impl
+    try:
+        return triton_kernels.ragged_gather(*ins[:4], torch.zeros(capacity, dtype=torch.int32), *ins[4:])
+    finally:
+        triton_kernels.CPU_KERNELS = old
+
+
 @pytest.mark.parametrize("impl", ["reference", "triton", "torch"])
 def test_ragged_gather_jump_hand_computed(impl):
     """With (split, shift) entries from split on read shift columns further: a draft branch's slots."""
-    from attnmeta.compiler.lowering import triton_kernels
-
     table = torch.arange(24, dtype=torch.int32).view(2, 12)  # row 1 = slots 12..23
-    ins = [table, T([1, 0]), i32(4, 3), i32(0, 4, 7), i32(2, 3), i32(5, 9)]
-    if impl == "reference":
-        out = OPS[Op.ragged_gather].ref(ins, {"capacity": 8})
-    else:
-        old, triton_kernels.CPU_KERNELS = triton_kernels.CPU_KERNELS, impl
-        try:
-            out = triton_kernels.ragged_gather(*ins[:4], torch.zeros(8, dtype=torch.int32), *ins[4:])
-        finally:
-            triton_kernels.CPU_KERNELS = old
+    out = _gather(impl, [table, T([1, 0]), i32(4, 3), i32(0, 4, 7), i32(2, 3), i32(5, 9)])
     # row 0 reads pool row 1 at columns 0, 1, then 2+5, 3+5; row 1 never reaches its split (3)
     assert out[:7].tolist() == [12, 13, 19, 20, 0, 1, 2]
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton", "torch"])
+def test_ragged_gather_two_jumps_hand_computed(impl):
+    """Two (split, shift) pairs add up: a window starting at column 3 (split 0, shift 3) whose entries from 2 on
+    jump 4 more (a branch's drafts past its prefix); a split below 0 shifts every entry."""
+    table = torch.arange(24, dtype=torch.int32).view(2, 12)  # row 1 = slots 12..23
+    out = _gather(impl, [table, T([1, 0]), i32(4, 2), i32(0, 4, 6), i32(0, 0), i32(3, 1), i32(2, -1), i32(4, 6)])
+    # row 0: columns 3, 4, then 5+4, 6+4; row 1: columns 0+1+6, 1+1+6
+    assert out[:6].tolist() == [15, 16, 21, 22, 7, 8]
+
+
+def test_ragged_gather_takes_zero_one_or_two_jumps():
+    from attnmeta.compiler.ir.errors import ShapeError
+    from attnmeta.compiler.ir.types import TensorType
+
+    t = TensorType(DType.int32, (2, 12), Placement.device)
+    v = TensorType(DType.int32, (2,), Placement.device)
+    with pytest.raises(ShapeError, match="split2, shift2"):
+        OPS[Op.ragged_gather].infer([t, v, v, v, v], {"capacity": 8})
