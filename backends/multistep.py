@@ -59,6 +59,8 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
     with b.in_graph():
         owner, k = sub_rows(b, K, "K")  # K, not its value: the inlined decode's shapes say K*bs
     for i in g.inputs:
+        if i.name == "out_cache_loc":  # write slots: already one per branch and step (the caller picks a step's)
+            continue
         if i.role is Role.batch and i.type.placement.on_host:
             with b.out_graph():
                 rows[i.name] = b.repeat(ins[i.name], "K", name=f"branch_{i.name}")
@@ -73,35 +75,38 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
 
 
 def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool = False) -> BackendSpec:
-    """``inner``'s S draft steps x K branches; ``windows``: its sliding-window fields planned per step too (topk 1:
-    the inner decode's window over each step's keys, its write slot that step's)."""
+    """``inner``'s S draft steps x K branches; ``windows``: its sliding-window fields planned per step too (the
+    inner decode's window over each step's keys, a branch's running from the prefix into its own drafts; its write
+    slots that step's)."""
     def build(mode: ForwardMode, options: CompileOptions) -> Graph:
         g = inner.build(ForwardMode.DECODE, options)
         b = SpecBuilder(f"multistep.{g.name}")
         p_hi = f"L - {headroom(mode, options)}"  # every step's drafts, every branch, fit after the prefix
-        if options.sliding_window and options.topk > 1:
-            raise OptionsError(f"multistep_{inner.name}: a sliding window is planned for EAGLE's draft decode at "
-                               f"topk 1 only (a branch's window spans the prefix and its own drafts); serve topk "
-                               f"{options.topk} with SGLang's own drafter (--speculative-draft-attention-backend "
-                               f"{inner.name})")
-        # one write slot per request and step (EAGLE's [bs, S] layout at topk 1): step s writes column s of its row,
-        # which a window pool's layers need translated (the inner decode's out_cache_loc: one per request)
+        K, S = options.topk, options.num_steps
+        # one write slot per branch and step (EAGLE's [bs, K, S] layout): step s writes column s of each branch's
+        # S, which a window pool's layers need translated (the inner decode's out_cache_loc: one per row)
         slot = next((i for i in g.inputs if i.name == "out_cache_loc"), None)
-        if slot is not None and options.topk > 1:
-            raise OptionsError(f"multistep_{inner.name}: per-step write slots are planned at topk 1 only")
         ins = {i.name: b.input(i.name, i.type.dtype, list(i.type.shape), i.type.placement, i.fill, i.role, i.mirror,
                               i.kind, p_hi if i.name in SEQ else i.hi)
                for i in g.inputs if i is not slot}
+        branch_rows = "K*bs" if K > 1 else "bs"
         if slot is not None:
-            ins["out_cache_loc"] = b.input("out_cache_loc", slot.type.dtype, [f"{options.num_steps}*bs"],
+            ins["out_cache_loc"] = b.input("out_cache_loc", slot.type.dtype, [f"{S}*{branch_rows}"],
                                            slot.type.placement, slot.fill, slot.role, slot.mirror, slot.kind, slot.hi)
         rows, jump, subs = ins, None, None
-        if options.topk > 1:
+        if K > 1:
             rows, jump = _branches(b, g, ins, options)
             subs = {"bs": "bs*K", "max_bs": "max_bs*K"}  # buffers sized with the K factor
 
         def branch_gather(n, xs):
-            return [*xs, *jump] if jump and n.op is Op.ragged_gather else xs
+            """A branch row's gather jumps over the other branches' slots once it passes its prefix; a window's
+            gather (its own jump: its first column) passes the prefix at entry seq - first column."""
+            if not jump or n.op is not Op.ragged_gather:
+                return xs
+            if len(xs) == 4:
+                return [*xs, *jump]
+            seq, shift = jump
+            return [*xs, b.ewise("sub", seq, xs[5]), shift]
 
         fields, ragged, round_ = {}, {}, {}
         if per_round:  # once, over the prefix: dce drops the rest of this copy of the inner graph
@@ -115,8 +120,7 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool
                         step[name] = b.ewise("add", rows[name], s + 1, name=step_prefix(s) + name)
             if slot is not None:
                 with b.in_graph():
-                    step["out_cache_loc"] = b.lookup(rows["out_cache_loc"], b.arange("bs", start=s,
-                                                                                      step=options.num_steps))
+                    step["out_cache_loc"] = b.lookup(ins["out_cache_loc"], b.arange(branch_rows, start=s, step=S))
             out = b.inline(g, step, prefix=step_prefix(s), subs=subs, rewrite=branch_gather) | round_
             fields.update({step_prefix(s) + f: v for f, v in out.items()})
             ragged.update({step_prefix(s) + o.field: step_prefix(s) + o.ragged_by for o in g.outputs if o.ragged_by})

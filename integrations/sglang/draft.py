@@ -64,9 +64,9 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None):
         super().__init__(model_runner, topk, speculative_num_steps)
         c = self.attn_backends[0]
-        if self.draft_window_size > 0 or (self.window_rail and topk > 1):
-            raise OptionsError("attnmeta's multistep_triton plans a sliding-window model's draft decode at topk 1 "
-                               "only, and no draft window; serve this draft with SGLang's own triton drafter "
+        if self.draft_window_size > 0:
+            raise OptionsError("attnmeta's multistep_triton does not plan a draft window (the drafter attending to the "
+                               "last tokens only); serve this draft with SGLang's own triton drafter "
                                "(--speculative-draft-attention-backend triton); attnmeta_triton still serves the "
                                "target's decode and verify")
         static = c.static_kv_splits or c.device_core_count <= 0

@@ -133,30 +133,26 @@ SPEC_FIELDS = ("kv_indptr", "kv_indices", "qo_indptr", "mask_indptr", "max_exten
                "window_kv_indices", "window_kv_offsets", "swa_out_cache_loc")
 
 
-def test_attnmetas_drafter_refuses_a_window_past_topk_1_and_names_the_flag():
-    with pytest.raises(OptionsError, match="--speculative-draft-attention-backend triton"):
-        Server([*EAGLE, "--speculative-eagle-topk", "4", "--speculative-num-steps", "3",
-                "--speculative-num-draft-tokens", "6"], window=W)
-
-
 DRAFT_FIELDS = ("kv_indptr", "kv_indices", "window_kv_indptr", "window_kv_indices")
 
 
-# SGLang's window rail kernel runs in Triton's interpreter here (slow): each layout at one page size
-@pytest.mark.parametrize("page, window_pool", [(1, False), (16, True)], ids=["page1-one-pool", "page16-window-pool"])
-def test_draft_decode_window_rail_equals_sglangs_own_drafter(page, window_pool):
-    """attnmeta's triton drafter at topk 1 on a window model beside SGLang's own (its window rail): every step's
-    keys and window (the last min(seq + step + 1, W) of the prefix and the drafts so far), and with a window pool
-    each step's own write slot translated; eager and replayed through each drafter's graph runner."""
+# SGLang's window rail kernel runs in Triton's interpreter here (slow): a few layouts, page sizes and topks
+@pytest.mark.parametrize("page, window_pool, topk", [(1, False, 1), (16, True, 1), (1, True, 4), (16, False, 4)],
+                         ids=["page1-one-pool", "page16-window-pool", "page1-window-pool-topk4", "page16-topk4"])
+def test_draft_decode_window_rail_equals_sglangs_own_drafter(page, window_pool, topk):
+    """attnmeta's triton drafter on a window model beside SGLang's own (its window rail): every step's keys and
+    window (of each branch, the last min(seq + step + 1, W) of the prefix and its own drafts so far: with topk > 1
+    a branch's window starts in the prefix and jumps over the other branches' drafts), and with a window pool
+    each branch's write slot of the step translated; eager and replayed through each drafter's graph runner."""
     from tests.integrations.sglang_server import draft_decode
 
-    server = Server([*EAGLE, "--speculative-eagle-topk", "1", "--speculative-num-steps", "3",
-                     "--speculative-num-draft-tokens", "4", "--page-size", str(page)], seed=7 + page, window=W,
-                    window_pool=window_pool)
-    S = server.spec.speculative_num_steps
+    server = Server([*EAGLE, "--speculative-eagle-topk", str(topk), "--speculative-num-steps", "3",
+                     "--speculative-num-draft-tokens", "4" if topk == 1 else "6", "--page-size", str(page)],
+                    seed=7 + page, window=W, window_pool=window_pool)
+    S, K = server.spec.speculative_num_steps, topk
     mine, own = server.draft_decode, server.own_drafters("triton")[0]
     assert mine.attnmeta.compiled.options.sliding_window == W and own.window_rail
-    runners = [Runners(server, mine, "d", 1), Runners(server, own, "d", 1)]
+    runners = [Runners(server, mine, "d", K), Runners(server, own, "d", K)]
     with server.active():
         for r in runners:
             r.capture(lambda bs: draft_decode(server, [0] * bs, [1] * bs), "draft")
@@ -164,8 +160,9 @@ def test_draft_decode_window_rail_equals_sglangs_own_drafter(page, window_pool):
     for step in range(4):
         replayed = step % 3 != 2
         n = rng.randint(1, max(server.sizes))
-        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - S)
-        loc = torch.tensor(rng.sample(range(1, server.slots), n * S))  # each request's S draft slots in a row
+        # the longest prefix whose last branch's drafts still fit the row (its page offset at the worst)
+        rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - S - (K - 1) * -(-(page - 1 + S) // page) * page)
+        loc = torch.tensor(rng.sample(range(1, server.slots), n * K * S))  # each branch's S draft slots in a row
         with server.active():
             for r in runners:
                 drive(r, writing(server, draft_decode(server, rows, seq), loc, server.draft_runner), "draft", n,
@@ -178,11 +175,11 @@ def test_draft_decode_window_rail_equals_sglangs_own_drafter(page, window_pool):
                                       "window_kv_indptr": own.window_kv_indptr[k],
                                       "window_kv_indices": own.cuda_graph_window_kv_indices[k]})
             for f in DRAFT_FIELDS:
-                x, y = rows_read(a, b, f, n)
+                x, y = rows_read(a, b, f, n * K)
                 assert torch.equal(x.long(), y.long()), (step, k, f, replayed, x[:8].tolist(), y[:8].tolist())
             if window_pool:
-                want = server.runner.token_to_kv_pool.full_to_swa_index_mapping[loc.view(n, S)[:, k]]
-                assert torch.equal(a.swa_out_cache_loc[:n].long(), want.long()), (step, k)
+                want = server.runner.token_to_kv_pool.full_to_swa_index_mapping[loc.view(n, K, S)[:, :, k].flatten()]
+                assert torch.equal(a.swa_out_cache_loc[: n * K].long(), want.long()), (step, k)
     assert seen == {True, False}
 
 

@@ -165,3 +165,33 @@ def test_window_options_are_checked():
         CompileOptions(sliding_window=-1)
     with pytest.raises(OptionsError, match="needs a window"):
         CompileOptions(window_pool=True)
+
+
+def test_draft_branch_windows_by_hand():
+    """attnmeta's triton drafter, W = 4, topk 2, 2 steps, page 1. Pool row r holds 100 r + c at column c; request
+    A (row 1) has 5 tokens, B (row 2) one. A branch's drafts follow its prefix: branch k's from column
+    seq + 2 k. Step s attends seq + s + 1 keys, a window layer their last min(seq + s + 1, 4): A's branch 1 at
+    step 0 reads prefix columns 2..4, then its own first draft at column 7 (5 + 2), jumping over branch 0's
+    columns 5 and 6. With a window pool (slot s -> 1000 - s) each branch's write slot of the step, from EAGLE's
+    [request, branch, step] layout, translated too."""
+    pool = torch.zeros(4, 16, dtype=torch.int32)
+    pool[1:3] = (100 * torch.arange(1, 3)[:, None] + torch.arange(16)).to(torch.int32)
+    f2s = 1000 - torch.arange(512)
+    cb = compile_backend("multistep_triton", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=16,
+                                                            sliding_window=4, window_pool=True, sm_count=0,
+                                                            num_heads=8, num_kv_heads=2, topk=2, num_steps=2))
+    be = cb.instantiate(pool, pools={"full_to_swa": f2s})
+    seq, rpi = torch.tensor([5, 1], dtype=torch.int32), torch.tensor([1, 2])
+    loc = torch.tensor([10, 11, 20, 21, 30, 31, 40, 41])  # A: branch 0 steps 0, 1, branch 1 steps 0, 1; then B's
+    be.init_forward_metadata(ForwardBatch(ForwardMode.DECODE, 2, req_pool_indices=rpi, req_pool_indices_cpu=rpi,
+                                          seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=6, out_cache_loc=loc))
+    m = be.forward_metadata
+    full = {0: [[102, 103, 104, 105], [102, 103, 104, 107], [200, 201], [200, 203]],
+            1: [[103, 104, 105, 106], [103, 104, 107, 108], [200, 201, 202], [200, 203, 204]]}
+    for s, rows in full.items():
+        n = [len(r) for r in rows]
+        assert m.step(s).window_kv_indptr[:5].tolist() == [sum(n[:i]) for i in range(5)], s
+        assert m.step(s).window_kv_indices[: sum(n)].tolist() == [1000 - c for r in rows for c in r], s
+        assert m.step(s).swa_out_cache_loc[:4].tolist() == [1000 - x for x in loc.view(2, 2, 2)[:, :, s].flatten()]
+    # the full layers still read every key: A's branch 1 at step 0 is its 5 prefix slots and its draft at column 7
+    assert m.step(0).kv_indices[6:12].tolist() == [100, 101, 102, 103, 104, 107]
