@@ -42,23 +42,15 @@ oracles: $(ORACLES)
 $(ORACLES): | $(SGL_VENV)/bin/python
 	-$(SGL_PY) -m pip download -qq --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
-# The CPU suites run as three processes side by side, so a two-core CI machine stays busy to the end (one
-# process per core left a core idle for the last third): attnmeta's runtime tests and the rest of its own
-# in .venv, the engine integrations' in .venv-sglang; each side process's output is printed when it ends.
+# The CPU suites run as four processes side by side (tools/test_suites.sh), so a two-core CI machine stays busy
+# to the end: attnmeta's runtime tests and the rest of its own in .venv, the engine integrations' in .venv-sglang,
+# split in two halves by file; each side process's output is printed when it ends, with its wall time.
 test: disk-check
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ORACLES) $(SGL_STAMP)  # the two venvs side by side
 	@echo "== ruff"
 	$(PY) -m ruff check .
 	@echo "== the CPU suites: attnmeta's (.venv: tests/runtime beside the rest) and the engine integrations' (.venv-sglang)"
-	@mkdir -p .cache; ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q -p no:cacheprovider tests/integrations \
-	    > .cache/test-integrations.log 2>&1 & sgl=$$!; \
-	  $(PY) -m pytest -q -p no:cacheprovider tests/runtime > .cache/test-runtime.log 2>&1 & rt=$$!; \
-	  $(PY) -m pytest -q --ignore=tests/runtime; main=$$?; \
-	  wait $$rt; runtime=$$?; wait $$sgl; integ=$$?; \
-	  for part in runtime:$$runtime integrations:$$integ; do name=$${part%%:*}; rc=$${part##*:}; \
-	    echo "== tests/$$name (full log .cache/test-$$name.log)"; \
-	    if [ $$rc -ne 0 ]; then cat .cache/test-$$name.log; else tail -n 3 .cache/test-$$name.log; fi; done; \
-	  exit $$(( main != 0 || runtime != 0 || integ != 0 ))
+	@bash tools/test_suites.sh $(PY) $(SGL_PY)
 
 sglang-venv: disk-check $(SGL_STAMP)
 

@@ -70,6 +70,14 @@ def model_dir(context: int = 1024, model: str = "llama") -> str:
     return d
 
 
+def capture_list(most: int) -> list[int]:
+    """The batch sizes the test servers capture, through SGLang's own ``--cuda-graph-bs-decode``: small
+    sizes, a few between, and the request pool's size. SGLang's default list for a 23-row pool is 16 sizes
+    (1..8, then every second); each capture runs every kernel of both backends in Triton's interpreter, and
+    the extra sizes would exercise the same bucketing and padding three times over (CI's long pole)."""
+    return sorted({s for s in (1, 2, 3, 5, 8, 16) if s < most} | {most})
+
+
 class Server:
     """One SGLang server's state, from its flags (``flags``: what a user types after
     ``python -m sglang.launch_server``, without ``--model-path``)."""
@@ -88,6 +96,8 @@ class Server:
         args = ["--model-path", path, "--skip-tokenizer-init", "--load-format", "dummy", "--device", "cuda", *flags]
         if "--speculative-algorithm" in flags and "--speculative-draft-model-path" not in flags:
             args += ["--speculative-draft-model-path", path]
+        if not any(f.startswith("--cuda-graph-") and "-bs" in f for f in flags):
+            args += ["--cuda-graph-bs-decode", *map(str, capture_list(rows - 1))]
         self.args = prepare_server_args(args)
         self.context = create_context(self.args, role="scheduler")  # SGLang resolves the flags here
         with self.active():
