@@ -10,7 +10,8 @@ CONFIG is ``backend:page_size[:eagle_topk][@model]``, e.g. ``triton:1``, ``attnm
 ``@gemma`` a two-layer Gemma 2 windowed the same way (``gemma_model``: SGLang serves FlashInfer on Gemma 2, not OLMo 2),
 CUDA graphs on for
 decode (sizes 1, 2, 4, 8), greedy decoding of fixed prompts given as token ids; with a topk, EAGLE with
-a draft that proposes the target's own tokens. OUT.json maps each config to its output token ids and
+a draft that proposes the target's own tokens (a window model: itself, through SGLang's STANDALONE drafting).
+OUT.json maps each config to its output token ids and
 logprobs, EAGLE's verify rounds and accepted drafts, seconds to start and to generate, or to the error
 it raised.
 """
@@ -215,8 +216,6 @@ def run(config: str, root: str) -> dict:
     config, _, which = config.partition("@")
     backend, page, *topk = config.split(":")
     if which:
-        if topk:
-            raise ValueError(f"{config}@{which}: EAGLE's draft here is the Llama's; window models run without it")
         if which not in WINDOW_MODELS:
             raise ValueError(f"{config}@{which}: the window models are {sorted(WINDOW_MODELS)}")
         config_of, weights_of = WINDOW_MODELS[which]
@@ -230,8 +229,10 @@ def run(config: str, root: str) -> dict:
               disable_prefill_cuda_graph=True, sampling_backend="pytorch", grammar_backend="none",
               attention_backend=backend, page_size=int(page), log_level="warning")
     if topk:
-        kw |= dict(speculative_algorithm="EAGLE",
-                   speculative_draft_model_path=model(os.path.join(root, "draft"), DRAFT, draft),
+        # a window model drafts for itself (SGLang's STANDALONE: EAGLE's worker and graphs, a plain model as the
+        # draft), so the draft runner is windowed too and proposes the target's own tokens
+        kw |= dict(speculative_algorithm="STANDALONE" if which else "EAGLE",
+                   speculative_draft_model_path=path if which else model(os.path.join(root, "draft"), DRAFT, draft),
                    speculative_eagle_topk=int(topk[0]), speculative_num_steps=3,
                    speculative_num_draft_tokens=4 if int(topk[0]) == 1 else 6)
     t0 = time.time()

@@ -32,6 +32,9 @@ CASES += [f"fa3:{page}{':' + topk if topk else ''}" for page in (1, 16) for topk
 # FlashInfer on OLMo 2) and triton; one KV pool (SGLang's overrides keep these models off its hybrid window pool)
 CASES += [f"{kind}:{page}@window" for kind in ("triton", "fa3") for page in (1, 16)]
 CASES += [f"{kind}:{page}@gemma" for kind, page in (("flashinfer", 1), ("flashinfer", 16), ("triton", 16))]
+# the window model drafting for itself (SGLang's STANDALONE): the windowed verify, draft extend and draft decode
+# (attnmeta's triton drafter at topk 1 and 4, its FA3 drafter; FA3's window under topk 4 is planned at page 1)
+CASES += ["triton:1:1@window", "triton:16:4@window", "fa3:1:4@window", "fa3:16:1@window"]
 WANTED = [c for c in os.environ.get("ATTNMETA_ENGINE_CASES", "").split(",") if c] or CASES
 
 
