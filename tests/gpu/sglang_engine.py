@@ -118,35 +118,45 @@ GEMMA = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden
          "bos_token_id": 2, "eos_token_id": 50279, "pad_token_id": 0}
 
 
+def seeded(c: dict, top, layer, gain_shift: float = 0.0) -> dict:
+    """Seeded bf16 weights for the config ``c``: ``top(w, gain)`` the model's own tensors, then ``layer(w, gain)``
+    once per layer, named under it (the draws in that order, so a model's weights stay the same). ``w(rows, cols,
+    std)``: normal; ``gain(n, x)``: a norm's weight for gain ``x`` (stored as ``x - gain_shift``: Gemma's norms
+    scale by 1 + weight)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+
+    def w(rows: int, cols: int, std: float) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=g) * std).to(torch.bfloat16)
+
+    def gain(n: int, x: float) -> torch.Tensor:
+        return torch.full((n,), x - gain_shift, dtype=torch.bfloat16)
+
+    out = top(w, gain)
+    for i in range(c["num_hidden_layers"]):
+        out |= {f"model.layers.{i}.{k}": t for k, t in layer(w, gain).items()}
+    return out
+
+
 def gemma_model() -> dict:
     """Gemma 2's weights, seeded (its norms scale by 1 + weight; the lm_head is the embedding). Embeddings of RMS
     1 after Gemma's sqrt(hidden) scaling, q and k twice the usual scale (scores of standard deviation about 4),
     and the attention's output norm at gain 8, so attention, not the current token's own embedding, decides
     the next token: in a float32 reading of this model by HF transformers (greedy, first three prompts),
     windows of 8, 9 and 10 keys with the current one, and none, each serve different tokens within 24."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
     c = GEMMA
     h, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = c["num_key_value_heads"] * c["head_dim"]
-
-    def w(rows: int, cols: int, std: float) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=g) * std).to(torch.bfloat16)
-
-    def gain(n: int, x: float) -> torch.Tensor:
-        return torch.full((n,), x - 1.0, dtype=torch.bfloat16)
-
-    out = {"model.embed_tokens.weight": w(vocab, h, h ** -0.5), "model.norm.weight": gain(h, 3.0)}
-    for i in range(c["num_hidden_layers"]):
-        out |= {f"model.layers.{i}.{k}": t for k, t in {
-            "self_attn.q_proj.weight": w(h, h, 2 * h ** -0.5), "self_attn.k_proj.weight": w(kv, h, 2 * h ** -0.5),
-            "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, h, h ** -0.5),
-            "input_layernorm.weight": gain(h, 1.0), "post_attention_layernorm.weight": gain(h, 8.0),
-            "pre_feedforward_layernorm.weight": gain(h, 1.0), "post_feedforward_layernorm.weight": gain(h, 2.0),
-            "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
-            "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}.items()}
-    return out
+    return seeded(c, lambda w, gain: {"model.embed_tokens.weight": w(vocab, h, h ** -0.5),
+                                      "model.norm.weight": gain(h, 3.0)},
+                  lambda w, gain: {
+        "self_attn.q_proj.weight": w(h, h, 2 * h ** -0.5), "self_attn.k_proj.weight": w(kv, h, 2 * h ** -0.5),
+        "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, h, h ** -0.5),
+        "input_layernorm.weight": gain(h, 1.0), "post_attention_layernorm.weight": gain(h, 8.0),
+        "pre_feedforward_layernorm.weight": gain(h, 1.0), "post_feedforward_layernorm.weight": gain(h, 2.0),
+        "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
+        "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}, gain_shift=1.0)
 
 
 def window_model() -> dict:
@@ -155,30 +165,18 @@ def window_model() -> dict:
     last 9 with the current one) decides the tokens: a window one token too wide or too narrow, or a wrong
     window slot, serves other tokens (a float32 torch reading of this model, greedy, first three prompts:
     windows of 7, 8 and 9 keys before the current one, and none, each serve different tokens within 24)."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
     c = WINDOW
     h, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     kv = c["num_key_value_heads"] * h // c["num_attention_heads"]
-
-    def w(rows: int, cols: int, std: float) -> torch.Tensor:
-        return (torch.randn(rows, cols, generator=g) * std).to(torch.bfloat16)
-
-    def gain(n: int, x: float) -> torch.Tensor:
-        return torch.full((n,), x, dtype=torch.bfloat16)
-
-    out = {"model.embed_tokens.weight": w(vocab, h, 1.0), "model.norm.weight": gain(h, 1.0),
-           "lm_head.weight": w(vocab, h, h ** -0.5)}
-    for i in range(c["num_hidden_layers"]):
-        out |= {f"model.layers.{i}.{k}": t for k, t in {
-            "self_attn.q_proj.weight": w(h, h, h ** -0.5), "self_attn.k_proj.weight": w(kv, h, h ** -0.5),
-            "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, h, h ** -0.5),
-            "self_attn.q_norm.weight": gain(h, 2.0), "self_attn.k_norm.weight": gain(kv, 2.0),
-            "post_attention_layernorm.weight": gain(h, 1.0), "post_feedforward_layernorm.weight": gain(h, 1.0),
-            "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
-            "mlp.down_proj.weight": w(h, inter, inter ** -0.5)}.items()}
-    return out
+    return seeded(c, lambda w, gain: {"model.embed_tokens.weight": w(vocab, h, 1.0), "model.norm.weight": gain(h, 1.0),
+                                      "lm_head.weight": w(vocab, h, h ** -0.5)},
+                  lambda w, gain: {
+        "self_attn.q_proj.weight": w(h, h, h ** -0.5), "self_attn.k_proj.weight": w(kv, h, h ** -0.5),
+        "self_attn.v_proj.weight": w(kv, h, h ** -0.5), "self_attn.o_proj.weight": w(h, h, h ** -0.5),
+        "self_attn.q_norm.weight": gain(h, 2.0), "self_attn.k_norm.weight": gain(kv, 2.0),
+        "post_attention_layernorm.weight": gain(h, 1.0), "post_feedforward_layernorm.weight": gain(h, 1.0),
+        "mlp.gate_proj.weight": w(inter, h, h ** -0.5), "mlp.up_proj.weight": w(inter, h, h ** -0.5),
+        "mlp.down_proj.weight": w(h, inter, inter ** -0.5)})
 
 
 WINDOW_MODELS = {"window": (WINDOW, window_model), "gemma": (GEMMA, gemma_model)}
