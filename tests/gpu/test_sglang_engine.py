@@ -58,9 +58,12 @@ def test_attnmeta_serves_the_tokens_sglang_serves(case, tmp_path):
     assert ours["long_tokens"] == own["long_tokens"]
     if case.count(":") == 2:  # EAGLE: the draft proposes the target's tokens (sglang_engine.checkpoints)
         rounds = sum(own["verify_rounds"])
-        # a dummy draft is accepted about never; this one 1.4 (topk 4) to 2.1 (topk 1) drafts a round
-        assert sum(own["accepted"]) >= rounds, ("the rig's draft should be accepted more than once a round",
-                                                own["accepted"], own["verify_rounds"])
+        # a dummy draft is accepted about never; the Llama's EAGLE draft 1.4 (topk 4) to 2.1 (topk 1) drafts a
+        # round; a window model drafting for itself (STANDALONE) about 1 (measured 0.9: its bf16 logits are
+        # flat, so the draft's and the verify's rounding part ways often)
+        least = rounds // 2 if "@" in case else rounds
+        assert sum(own["accepted"]) >= least, ("the rig's draft should be accepted often", own["accepted"],
+                                               own["verify_rounds"])
         # a draft step that read the wrong keys proposes other tokens: fewer accepted, more rounds
         assert (ours["accepted"], ours["verify_rounds"]) == (own["accepted"], own["verify_rounds"])
 

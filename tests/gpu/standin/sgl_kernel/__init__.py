@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 
@@ -165,6 +166,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         K, V = k_cache[:B], v_cache[:B]
     else:
         P, pages = k_cache.shape[1], k_cache.shape[0]
+        page_table = _key_width(page_table, P)
         slots = (page_table.long().clamp(0, pages - 1)[:, :, None] * P
                  + torch.arange(P, device=q.device)).reshape(B, -1)
         K, V = k_cache.reshape(-1, Hkv, D)[slots], v_cache.reshape(-1, Hkv, Dv)[slots]
@@ -209,6 +211,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if return_softmax_lse:
         return o, lse.permute(1, 0, 2)[:, bid, row]  # [H, T]
     return o
+
+
+def _key_width(page_table: torch.Tensor, P: int) -> torch.Tensor:
+    """The page table padded to ``ATTNMETA_STANDIN_KEYS`` tokens (unset: as given). FA3 reads a row's first
+    ``cache_seqlens`` keys whatever the table's width, but this stand-in reduces over the whole width, whose
+    rounding follows it: two backends whose tables differ only in width (attnmeta_fa3's verify table is a few
+    pages wider than SGLang's) would round differently, and a near-tie token flip after a hundred tokens says
+    nothing about their metadata. One fixed width makes equal metadata compute bitwise equal."""
+    keys = int(os.environ.get("ATTNMETA_STANDIN_KEYS") or 0)
+    width = -(-keys // P)
+    if not keys or page_table.shape[1] == width:
+        return page_table
+    if page_table.shape[1] > width:
+        raise StandInCalled(f"a page table of {page_table.shape[1]} pages of {P} is wider than "
+                            f"ATTNMETA_STANDIN_KEYS={keys} tokens: raise it")
+    return F.pad(page_table, (0, width - page_table.shape[1]))
 
 
 def get_scheduler_metadata(**_):
