@@ -91,3 +91,25 @@ def test_tokens_past_the_last_request_are_not_attended():
              max_seqlen_q=3, causal=True)
     want = by_hand(q[:2], kc, vc, table.tolist(), lens.tolist(), cu, True, (-1, -1), 0.0, 0.5)
     assert torch.allclose(got[:2], want, atol=1e-5) and not got[2:].any()
+
+
+def test_one_key_width_makes_tables_of_other_widths_compute_the_same(monkeypatch):
+    """Two tables equal in every entry FA3 reads, one wider: with ``ATTNMETA_STANDIN_KEYS`` both are reduced at
+    that width, so their outputs are bitwise equal, and equal to the hand-computed attention; a table wider than
+    the width is refused by name (padding it down would drop keys)."""
+    g = torch.Generator().manual_seed(6)
+    P, H, D = 2, 2, 8
+    kc, vc = torch.randn(16, P, 1, D, generator=g), torch.randn(16, P, 1, D, generator=g)
+    narrow = torch.tensor([[3, 7, 1], [9, 2, 0]], dtype=torch.int32)
+    wide = torch.cat([narrow, torch.tensor([[15, 4], [6, 8]], dtype=torch.int32)], 1)  # unread pages, not zero
+    lens, cu = torch.tensor([5, 3], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
+    q = torch.randn(2, H, D, generator=g)
+    kw = dict(cache_seqlens=lens, cu_seqlens_q=cu, max_seqlen_q=1, causal=True, window_size=(2, 0))
+    monkeypatch.setenv("ATTNMETA_STANDIN_KEYS", "12")
+    a, b = FA(q, kc, vc, page_table=narrow, **kw), FA(q, kc, vc, page_table=wide, **kw)
+    assert torch.equal(a, b)
+    want = by_hand(q, kc, vc, narrow.tolist(), lens.tolist(), cu.tolist(), True, (2, 0), 0.0, D ** -0.5)
+    assert torch.allclose(a, want, atol=1e-5)
+    monkeypatch.setenv("ATTNMETA_STANDIN_KEYS", "8")
+    with pytest.raises(RuntimeError, match="wider than ATTNMETA_STANDIN_KEYS=8"):
+        FA(q, kc, vc, page_table=wide, **kw)
