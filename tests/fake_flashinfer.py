@@ -66,9 +66,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._int_workspace_buffer = torch.zeros(WS, dtype=torch.uint8)
 
     def plan(self, qo, kv, indices, last_page_len, hq, hkv, d, page_size, packed_custom_mask=None, causal=False,
-             q_data_type=None, kv_data_type=None):
+             q_data_type=None, kv_data_type=None, window_left=-1):
+        # FlashInfer picks the kernel by these at plan (a window compiled in only where window_left >= 0; the tree
+        # mask where the wrapper has a mask buffer): kept for tests to read
+        self._causal, self._window_left = causal, window_left
         info, buf, _ = oracle.prefill_plan(qo.tolist(), kv.tolist(), SMS, (hq, hkv), d, page_size, WS,
-                                           min_chunk=_min_chunk(self.bug))
+                                           min_chunk=_min_chunk(self.bug), window_left=window_left)
         self._qo_indptr_buf.copy_(qo)
         self._paged_kv_indptr_buf.copy_(kv)
         self._write(info, buf)

@@ -84,14 +84,18 @@ def cta_tile_q(packed_qo_len: int, head_dim: int) -> int:
 
 
 def prefill_plan(qo_indptr: list[int], kv_indptr: list[int], num_sm: int, heads: tuple[int, int], head_dim: int,
-                 page_size: int, ws: int = 1 << 16, min_chunk: int = 128):
-    """PrefillPlan, fa2, enable_cuda_graph=True, no sliding window, no fixed split, nothing colocated."""
+                 page_size: int, ws: int = 1 << 16, min_chunk: int = 128, window_left: int = -1):
+    """PrefillPlan, fa2, enable_cuda_graph=True, no fixed split, nothing colocated. A sliding window
+    (``window_left`` >= 0) bounds each request's keys the partition splits by the window and a query tile:
+    min(ceil((window_left + cta) / page), kv)."""
     bs, (hq, hkv) = len(qo_indptr) - 1, heads
     g, rows = hq // hkv, qo_indptr[-1]
     limit = 2 * num_sm // hkv
     packed = [(qo_indptr[i + 1] - qo_indptr[i]) * g for i in range(bs)]
     kv = [kv_indptr[i + 1] - kv_indptr[i] for i in range(bs)]
     cta = cta_tile_q((rows - bs + 1) * g, head_dim)
+    if window_left >= 0:
+        kv = [min(cdiv(window_left + cta, page_size), k) for k in kv]
     tiles_bound = cdiv(rows * g, cta) + bs - 1
     low, high = max(min_chunk // page_size, 1), max([1, *kv])
     while low < high:

@@ -166,10 +166,11 @@ class FlashInferDecodeAdapter:
         was added to the site's hooks once, when it was made)."""
         return isinstance(site.state, WrapperState) and site.state.device is not None
 
-    def _device_planner(self, site: Site, w, prefill: bool, replan, first: torch.Tensor):
+    def _device_planner(self, site: Site, w, prefill: bool, replan, first: torch.Tensor, longest: int | None = None):
         """The wrapper's partition planned on the GPU from now on, if this FlashInfer's planner is one
         ``flashinfer_plan`` repeats and it agrees with FlashInfer on this batch and on synthetic ones
-        (all short, a ramp to the context length, one long among short); else None: a host planner."""
+        (all short, a ramp to ``longest`` keys, by default the context length, one long among short); else
+        None: a host planner."""
         if not self.device_plans or _version(self.fi) not in DEVICE_PLAN_VERSIONS \
                 or getattr(w, "_jit_module", None) is not None or (prefill and w._backend != "fa2"):
             return None
@@ -183,7 +184,8 @@ class FlashInferDecodeAdapter:
         else:
             layout = PlanLayout.decode(w._plan_info, bs, 1)
         samples = [torch.cat([torch.zeros(1, dtype=torch.int32), x.cumsum(0, dtype=torch.int32)])
-                   for x in sample_lengths(bs, site.options.max_context_len)]
+                   for x in sample_lengths(bs, min(longest or site.options.max_context_len,
+                                                   site.options.max_context_len))]
         planner = checked_planner(layout, w._paged_kv_indptr_buf, w._qo_indptr_buf if prefill else None,
                                   w._int_workspace_buffer, replan, [*samples, first.clone()], lambda: w._plan_info)
         if planner is None:
@@ -250,15 +252,22 @@ class FlashInferDecodeAdapter:
         hq, hkv, d = self.heads
         masked = st.pack is not None
         qo_host = qo_indptr_host.clone()
+        # the window layers' wrapper (the spec's plan_window): FlashInfer compiles its window into the kernel plan()
+        # picks, so it is planned with the window the engine's forward passes (SGLang: the layer's window), causal
+        window = site.options.sliding_window if site.node.endswith("plan_window") else -1
+        extra = {} if window < 0 else {"window_left": window}
 
         def replan(kv_indptr: torch.Tensor) -> None:
             with self._workspace_checked():
                 w.plan(qo_host, kv_indptr, st.empty, ones, hq, hkv, d, 1,
                        packed_custom_mask=w._custom_mask_buf if masked else None, causal=not masked,
-                       q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1])
+                       q_data_type=self.dtypes[0], kv_data_type=self.dtypes[1], **extra)
         replan(kv_indptr_host)
         if site.mode.is_target_verify() or site.mode.is_draft_extend():  # a fixed query layout: the partition
-            st.device = self._device_planner(site, w, True, replan, kv_indptr_host)  # follows the kv alone
+            # follows the kv alone; a window's stream holds at most W + its queries per request, so the device
+            # planner is checked against FlashInfer's (which bounds a request's keys by the window) on those
+            longest = window + site.options.num_draft_tokens if window >= 0 else None
+            st.device = self._device_planner(site, w, True, replan, kv_indptr_host, longest)
         return self._required(site, "prefill") if on_device else w
 
 
