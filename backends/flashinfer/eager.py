@@ -45,18 +45,21 @@ class EagerFlashInferDecode:
                               kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=indptr_host)
         return self.window_of(fb, out) if self.window else out
 
-    def window_of(self, fb, out: SimpleNamespace) -> SimpleNamespace:
-        """``out`` with the window wrapper's stream, request by request: each row's last min(seq, W + 1) slots
-        (translated into the window pool where there is one, with the step's write slots)."""
+    def window_of(self, fb, out: SimpleNamespace, q: int = 1) -> SimpleNamespace:
+        """``out`` with the window wrapper's stream, request by request: each row's last min(keys, W + q) slots,
+        where its ``q`` queries are its last keys (decode: the current token, whose keys are seq; verify: the D
+        drafts after seq; draft extend: the T slots seq counts), translated into the window pool where there is
+        one, with the step's write slots (q per request)."""
         bs = fb.batch_size
-        rows, ends = fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist()
-        keep = [min(e, self.window + 1) for e in ends]
+        rows = fb.req_pool_indices[:bs].tolist()
+        ends = [e + (q if fb.forward_mode.is_target_verify() else 0) for e in fb.seq_lens_cpu[:bs].tolist()]
+        keep = [min(e, self.window + q) for e in ends]
         dev = self.req_to_token.device
         idx = torch.cat([self.req_to_token[r, e - k: e].long() for r, e, k in zip(rows, ends, keep, strict=True)]
                         + [torch.zeros(0, dtype=torch.long, device=dev)])
         if self.full_to_swa is not None:
             idx = self.full_to_swa[idx]
-            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[:bs].long()]
+            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[: bs * q].long()]
         host = torch.tensor([0, *itertools.accumulate(keep)], dtype=torch.int32)
         out.window_kv_indptr, out.window_kv_indices, out.window_kv_indptr_host = host.to(dev), idx, host
         return out
@@ -68,11 +71,12 @@ class EagerFlashInferDecode:
         total = int(fb.seq_lens_cpu[:bs].sum()) + D * bs
         kv_indices = gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], kv_lens, kv_indptr, total)
         host = torch.nn.functional.pad(torch.cumsum(fb.seq_lens_cpu[:bs] + D, 0, dtype=torch.int32), (1, 0))
-        return SimpleNamespace(
+        out = SimpleNamespace(
             qo_indptr=torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=kv_lens.device),
             kv_indptr=kv_indptr, kv_indices=kv_indices,
             mask_indptr=torch.nn.functional.pad(torch.cumsum(kv_lens * D, 0, dtype=torch.int32), (1, 0)),
             kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=host)
+        return self.window_of(fb, out, D) if self.window else out
 
     def draft_extend(self, fb) -> SimpleNamespace:
         bs = fb.batch_size
@@ -81,12 +85,13 @@ class EagerFlashInferDecode:
         kv_indptr = pad(torch.cumsum(seq, 0, dtype=torch.int32), (1, 0))
         total = int(fb.seq_lens_cpu[:bs].sum())
         qo = torch.arange(0, (bs + 1) * self.D, self.D, dtype=torch.int32)  # V2: T slots per request
-        return SimpleNamespace(
+        out = SimpleNamespace(
             qo_indptr=qo.to(seq.device), qo_indptr_host=qo,
             kv_indptr=kv_indptr,
             kv_indices=gather_kv_indices(self.req_to_token, fb.req_pool_indices[:bs], seq, kv_indptr, total),
             kv_last_page_len=self.kv_last_page_len[:bs],
             kv_indptr_host=pad(torch.cumsum(fb.seq_lens_cpu[:bs], 0, dtype=torch.int32), (1, 0)))
+        return self.window_of(fb, out, self.D) if self.window else out
 
     def extend(self, fb) -> SimpleNamespace:
         bs, pad = fb.batch_size, torch.nn.functional.pad

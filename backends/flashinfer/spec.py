@@ -45,19 +45,26 @@ class FlashInferOptions:
 
 
 def build(mode: ForwardMode, options: CompileOptions) -> Graph:
-    if options.sliding_window and not mode.is_decode():
-        raise OptionsError(f"attnmeta's flashinfer spec plans sliding-window layers for decode only, not "
-                           f"{mode.name.lower()}; serve EAGLE on a sliding-window model with --attention-backend "
-                           f"attnmeta_triton or attnmeta_fa3, or with SGLang's own flashinfer")
+    if options.sliding_window and mode is ForwardMode.EXTEND:
+        raise OptionsError("attnmeta's flashinfer spec plans sliding-window layers for decode, target verify and "
+                           "draft extend, not extend (prefill runs SGLang's own wrappers)")
+    if options.sliding_window and mode.is_target_verify() and options.topk > 1:
+        # FlashInfer's window counts back from a query's place in its request's list, which is a tree draft's depth
+        # only along a chain: with topk > 1 it would cut keys a draft must see
+        raise OptionsError(f"attnmeta's flashinfer spec verifies a sliding-window model's drafts at topk 1 only "
+                           f"(got topk {options.topk}: FlashInfer's window_left counts from a draft's list index, "
+                           f"not its tree depth); use --speculative-eagle-topk 1, or --attention-backend "
+                           f"attnmeta_triton or attnmeta_fa3")
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
     room = verify_headroom(mode, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, room)
     seq_lens_cpu = host_seq_lens(b, room)
     on_device = options.of(FlashInferOptions).plan_on_device
     if mode.is_target_verify():
-        return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device)
+        return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device, options)
     if mode.is_draft_extend():
-        return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device)
+        return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device,
+                            options)
     if mode is ForwardMode.EXTEND:
         return extend(b, rpi, req_to_token)
     win = {}
@@ -86,24 +93,46 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
                 *([] if on_device else [host["window_kv_indptr_host"]]), last_page_len_host, name="plan_window",
                 binds=dict(kv_indptr=win["window_kv_indptr"], kv_indices=win["window_kv_indices"],
                            kv_last_page_len=last_page_len))
-    ragged = {"kv_indices": "kv_indptr"} | ({"window_kv_indices": "window_kv_indptr"} if win else {})
-    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len, plan=plan, ragged=ragged,
-              **host, **win)
+    b.outputs(kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len, plan=plan,
+              ragged=_ragged(win), **host, **win)
     return b.build()
 
 
-def _prefill_plan(b: SpecBuilder, qo_host, kv_lens_cpu, on_device: bool, binds: dict) -> tuple[object, dict]:
-    """The prefill planner node, in out_graph, planning into ``binds``: from the host indptrs, or
+def _prefill_plan(b: SpecBuilder, qo_host, kv_lens_cpu, on_device: bool, binds: dict,
+                  name: str = "plan") -> tuple[object, dict]:
+    """The prefill planner node ``name``, in out_graph, planning into ``binds``: from the host indptrs, or
     (plan_on_device) from the constant query indptr alone. Returns it and the host kv indptr field,
     if any."""
     with b.out_graph():
         if on_device:
-            return b.host_call(DEVICE_PREFILL_PLANNER, qo_host, name="plan", binds=binds), {}
-        kv_host = b.cumsum(kv_lens_cpu, name="kv_indptr_host")
-        return b.host_call(PREFILL_PLANNER, qo_host, kv_host, name="plan", binds=binds), {"kv_indptr_host": kv_host}
+            return b.host_call(DEVICE_PREFILL_PLANNER, qo_host, name=name, binds=binds), {}
+        field = "kv_indptr_host" if name == "plan" else f"{name.removeprefix('plan_')}_kv_indptr_host"
+        kv_host = b.cumsum(kv_lens_cpu, name=field)
+        return b.host_call(PREFILL_PLANNER, qo_host, kv_host, name=name, binds=binds), {field: kv_host}
 
 
-def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False) -> Graph:
+def _prefill_window(b: SpecBuilder, Q: int, keys, keys_cpu, rpi, req_to_token, options: CompileOptions, qo_indptr,
+                    qo_host, last_page_len, on_device: bool) -> dict:
+    """The window layers' prefill wrapper (SGLang's first), beside the full layers': each request's ``Q`` queries
+    sit at the end of its ``keys`` (verify: its drafts; draft extend: its slots), so the last min(keys, SW + Q) of
+    them hold every key a query's window reaches. The wrapper is planned causal with FlashInfer's ``window_left``
+    SW (the planner's ``plan_window`` site): FlashInfer counts a query's place back from the end of its request's
+    list, which with the queries last in a contiguous stream is its place in the sequence, so the window is exact
+    per query. No tree mask: at topk 1 the drafts are a chain, which causal is. Nothing without a window."""
+    if not options.sliding_window:
+        return {}
+    win = window_stream(b, keys, rpi, req_to_token, options, past=Q, tokens=f"{Q}*bs")
+    del win["window_kv_lens"], win["window_kv_start"]
+    with b.out_graph():
+        lens_cpu = None if on_device else b.ewise("min", keys_cpu, options.sliding_window + Q)
+    win["plan_window"], host = _prefill_plan(b, qo_host, lens_cpu, on_device, dict(
+        qo_indptr=qo_indptr, kv_indptr=win["window_kv_indptr"], kv_indices=win["window_kv_indices"],
+        kv_last_page_len=last_page_len), name="plan_window")
+    return win | host
+
+
+def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False,
+           options: CompileOptions | None = None) -> Graph:
     """Target verify (EAGLE): D query tokens per request over the prefix plus the D drafts; the
     tree-mask rows of request i start at mask_indptr[i]. plan() gets host indptrs computed from
     the host mirror, never a device->host copy at replay."""
@@ -121,13 +150,19 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on
     plan, host = _prefill_plan(b, qo_host, kv_lens_cpu, on_device, dict(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
         custom_mask=custom_mask))
+    win = _prefill_window(b, D, kv_lens, kv_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len,
+                          on_device) if options else {}
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
-              custom_mask=custom_mask, kv_last_page_len=last_page_len, plan=plan, ragged={"kv_indices": "kv_indptr"},
-              **host)
+              custom_mask=custom_mask, kv_last_page_len=last_page_len, plan=plan, ragged=_ragged(win), **host, **win)
     return b.build()
 
 
-def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False) -> Graph:
+def _ragged(win: dict) -> dict:
+    return {"kv_indices": "kv_indptr"} | ({"window_kv_indices": "window_kv_indptr"} if win else {})
+
+
+def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False,
+                 options: CompileOptions | None = None) -> Graph:
     """Draft extend (EAGLE, SGLang's V2 layout): T query slots per request at a fixed stride, the
     accepted tokens first; keys are the whole sequence (seq_lens counts the T slots). The kernel
     and plan() read the same qo_indptr: graph-mode plan() copies the host indptr it is given into
@@ -142,8 +177,10 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_tok
         qo_host = b.arange("bs + 1", step=T, placement=Placement.host, name="qo_indptr_host")
     plan, host = _prefill_plan(b, qo_host, seq_lens_cpu, on_device, dict(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len))
+    win = _prefill_window(b, T, seq_lens, seq_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len,
+                          on_device) if options else {}
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
-              qo_indptr_host=qo_host, plan=plan, ragged={"kv_indices": "kv_indptr"}, **host)
+              qo_indptr_host=qo_host, plan=plan, ragged=_ragged(win), **host, **win)
     return b.build()
 
 

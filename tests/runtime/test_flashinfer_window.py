@@ -3,8 +3,9 @@ layers' (the last min(seq, W + 1) slots: FlashInfer's window counts the current 
 with the window's KV in the full pool or in a pool of its own (``window_pool``: slots translated through the
 engine's ``full_to_swa`` table, and the step's write slots with them), planned as the full wrapper is (host
 indptr, or the partition on the device). Compiled eager, captured and replayed (padded, idle) steps against the
-eager twin (request by request), the reference interpreter and a hand-computed case; modes the spec does not plan
-with a window are refused at compile time."""
+eager twin (request by request), the reference interpreter and a hand-computed case. EAGLE's target verify (topk 1)
+and draft extend plan the window layers' prefill wrapper the same way, over the last min(keys, W + D) slots, where
+the D queries are the last keys; what the window cannot serve is refused at compile time."""
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
 from attnmeta.compiler.ir.errors import OptionsError
-from attnmeta.runtime import ForwardBatch
+from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import capture, make_pool, replay_then_eager
 from tests.engine import padded_inputs
 from tests.oracles import padded
@@ -99,8 +100,99 @@ def test_window_wrapper_by_hand():
     assert m.kv_indices[:8].tolist() == [11, 12, 13, 14, 15, 16, 21, 22]
 
 
-@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
-def test_window_outside_decode_is_refused(mode):
-    with pytest.raises(OptionsError, match=f"sliding-window layers for decode only, not {mode}"):
+D = 3  # verify's drafts, draft extend's slots per request
+
+
+def spec_batch(mode, bs: int, seed: int, slots: int) -> ForwardBatch:
+    """A verify or draft extend batch: lengths around the window's edge and up to L - D (verify reads D slots past
+    them), D write slots per request."""
+    fb = batch(bs, seed, slots)
+    seq = fb.seq_lens.clamp(max=L - D) if mode is ForwardMode.TARGET_VERIFY else fb.seq_lens.clamp(min=D)
+    g = torch.Generator().manual_seed(seed + 100)
+    return ForwardBatch(mode, bs, req_pool_indices=fb.req_pool_indices, req_pool_indices_cpu=fb.req_pool_indices_cpu,
+                        seq_lens=seq, seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()),
+                        out_cache_loc=torch.randint(1, slots, (bs * D,), generator=g))
+
+
+def check_spec(mode, be, fb, bs, pool, f2s, on_device: bool) -> None:
+    """Verify / draft extend: both prefill wrappers' streams against the twin on the rows they read, the window's
+    write slots (D per request), each wrapper planned over its own stream."""
+    want = EagerFlashInferDecode(pool, MAX_BS, D, sliding_window=W, full_to_swa=f2s).init_forward_metadata(
+        padded(fb, bs, mode, per=D))
+    m = be.forward_metadata
+    n, nw = int(want.kv_indptr[bs]), int(want.window_kv_indptr[bs])
+    for f, k in (("kv_indptr", bs + 1), ("kv_indices", n), ("window_kv_indptr", bs + 1), ("window_kv_indices", nw),
+                 ("qo_indptr", bs + 1)):
+        assert torch.equal(getattr(m, f)[:k].long().cpu(), getattr(want, f)[:k].long().cpu()), f
+    if f2s is not None:
+        assert torch.equal(m.swa_out_cache_loc[: bs * D], want.swa_out_cache_loc)
+    assert m.plan is not m.plan_window
+    if not on_device:
+        assert torch.equal(m.window_kv_indptr_host[: bs + 1], want.window_kv_indptr_host)
+        assert (m.plan.total_kv, m.plan_window.total_kv) == (n, nw)
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host-plan", "device-plan"])
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+@pytest.mark.parametrize("mode", [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND], ids=["verify", "extend"])
+def test_verify_and_draft_extend_window_wrappers(mode, window_pool, on_device):
+    """The window layers' prefill wrapper of verify (the last min(seq, W) of the prefix, then the D drafts) and of
+    draft extend (the last min(seq, W + D) of a sequence whose last D slots are its queries): compiled eager,
+    captured and replayed (padded, idle) against the eager twin."""
+    cb = compile_backend("flashinfer", CompileOptions(
+        max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, sliding_window=W, window_pool=window_pool,
+        num_draft_tokens=D, modes=("decode", mode.name.lower()), backend=FlashInferOptions(plan_on_device=on_device)))
+    pool, slots = make_pool(ROWS, L, seed=5), ROWS * L + 1
+    f2s = torch.randperm(slots, generator=torch.Generator().manual_seed(6)) if window_pool else None
+    for bs in SIZES:
+        be = cb.instantiate(pool, pools={"full_to_swa": f2s} if window_pool else None)
+        cap = spec_batch(mode, bs, bs, slots)
+        g = capture(be, cap)
+        check_spec(mode, be, cap, bs, pool, f2s, on_device)
+        for seed, raw in [(11, bs), (12, bs - 1), (14, bs)]:  # replayed: full, padded, full again
+            if raw:
+                fb = spec_batch(mode, raw, seed, slots)
+                be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+                g.replay()
+                check_spec(mode, be, fb, bs, pool, f2s, on_device)
+        for seed in (21, 22):  # eager, at a size never captured
+            fb = spec_batch(mode, 3, seed, slots)
+            be.init_forward_metadata(fb)
+            check_spec(mode, be, fb, 3, pool, f2s, on_device)
+
+
+def test_verify_window_by_hand():
+    """W = 3, D = 2: a request of 6 cached tokens (slots 11..16, drafts 17, 18) has its window wrapper read its
+    last 3 and both drafts, 14..18 (the first draft sees 14, 15, 16 and itself: W before it); one of 1 token
+    (21, drafts 22, 23) reads all 3. The window pool's slot of s is 1000 - s; the drafts' write slots translate."""
+    pool = torch.zeros(4, 16, dtype=torch.int32)
+    pool[1, :8] = torch.arange(11, 19, dtype=torch.int32)
+    pool[2, :3] = torch.tensor([21, 22, 23], dtype=torch.int32)
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=16,
+                                                      sliding_window=3, window_pool=True, num_draft_tokens=2,
+                                                      modes=("decode", "target_verify")))
+    be = cb.instantiate(pool, pools={"full_to_swa": 1000 - torch.arange(64)})
+    seq, rpi = torch.tensor([6, 1], dtype=torch.int32), torch.tensor([1, 2])
+    be.init_forward_metadata(ForwardBatch(ForwardMode.TARGET_VERIFY, 2, req_pool_indices=rpi,
+                                          req_pool_indices_cpu=rpi, seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=7,
+                                          out_cache_loc=torch.tensor([17, 18, 22, 23])))
+    m = be.forward_metadata
+    assert m.window_kv_indptr[:3].tolist() == [0, 5, 8]
+    assert m.window_kv_indices[:8].tolist() == [986, 985, 984, 983, 982, 979, 978, 977]
+    assert m.swa_out_cache_loc[:4].tolist() == [983, 982, 978, 977]
+    assert m.kv_indptr[:3].tolist() == [0, 8, 11] and m.qo_indptr[:3].tolist() == [0, 2, 4]
+    assert (m.plan.total_kv, m.plan_window.total_kv) == (11, 8)
+
+
+def test_what_the_window_cannot_serve_is_refused():
+    """Extend (prefill) runs the engine's own wrappers; a tree verify (topk > 1) would have FlashInfer's window
+    count back from a draft's list index, not its depth."""
+    with pytest.raises(OptionsError, match="not extend"):
         compile_backend("flashinfer", CompileOptions(max_bs=2, max_context_len=16, sliding_window=3,
-                                                     modes=("decode", mode)))
+                                                     modes=("decode", "extend")))
+    with pytest.raises(OptionsError, match="topk 1 only.*got topk 4"):
+        compile_backend("flashinfer", CompileOptions(max_bs=2, max_context_len=16, sliding_window=3, topk=4,
+                                                     num_draft_tokens=6, modes=("decode", "target_verify")))
+    cb = compile_backend("flashinfer", CompileOptions(max_bs=2, max_context_len=16, sliding_window=3, topk=4,
+                                                      num_draft_tokens=6, modes=("decode", "draft_extend")))
+    assert "plan_window" in {o.field for o in cb.plan(ForwardMode.DRAFT_EXTEND, 2).graph.outputs}  # no tree: served
