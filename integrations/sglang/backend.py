@@ -294,7 +294,12 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
             # window pool, their KV writes go to the step's slots translated into it
             return DecodeMetadata(decode_wrappers=[m.plan_window, m.plan],
                                   swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
-        return PrefillMetadata(prefill_wrappers=[m.plan], use_ragged=False, extend_no_prefix=False)
+        if not self.attnmeta.compiled.options.sliding_window:
+            return PrefillMetadata(prefill_wrappers=[m.plan], use_ragged=False, extend_no_prefix=False)
+        # verify and draft extend on a window model: the window layers' wrapper first, planned with FlashInfer's
+        # window over the last min(keys, W + queries) slots (SGLang 0.5.23's own plans the row's first ones)
+        return PrefillMetadata(prefill_wrappers=[m.plan_window, m.plan], use_ragged=False, extend_no_prefix=False,
+                               swa_out_cache_loc=getattr(m, "swa_out_cache_loc", None))
 
 
 __all__ = ["CAPTURED", "FlashInferBackend", "TritonBackend", "device_planned", "mask_in_place", "mask_into_plan",

@@ -109,6 +109,12 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
     spec_name = "multistep_flashinfer"
 
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None, planner="device"):
+        if getattr(model_runner, "sliding_window_size", None):
+            # SGLang 0.5.23's own FlashInfer drafter cannot be built there either: its children share one indptr
+            # buffer per step, which it allows for one wrapper only (an assertion in FlashInferAttnBackend)
+            raise OptionsError("EAGLE's FlashInfer drafter has no sliding-window form (SGLang's own is built with one "
+                               "wrapper per step); keep --attention-backend attnmeta_flashinfer for the target and "
+                               "draft with --speculative-draft-attention-backend attnmeta_triton")
         super().__init__(model_runner, topk, speculative_num_steps)
 
         from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter

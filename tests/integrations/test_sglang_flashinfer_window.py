@@ -7,13 +7,16 @@ where there is one), and writes the window layers' KV at the step's slots transl
 (``DecodeMetadata.swa_out_cache_loc``). FlashInfer is ``tests/fake_flashinfer.py``. The oracle for the streams
 is SGLang's own *Triton* backend on a runner whose window is W + 1 (its window is min(seq, W) slots: the same
 stream FlashInfer reads at W) over the same seeded pools, eager; decode and idle steps of attnmeta's are eager or
-replayed through SGLang's decode graph runner."""
+replayed through SGLang's decode graph runner. Under EAGLE (topk 1), verify and draft extend plan the window
+layers' prefill wrapper the same way over the last window slots and the step's queries, checked against SGLang's
+own triton's verify window and the request rows; what it cannot serve is refused with the way out."""
 
 import pytest
 
 pytest.importorskip("sglang.srt.layers.attention.base_attn_backend", reason="SGLang is not installed here; "
                     "make test-sglang runs these")
 
+import itertools
 import random
 
 import torch
@@ -104,12 +107,103 @@ def test_the_oracle_tells_a_window_one_token_short():
         assert not torch.equal(got[1][0].long(), got[1][1].long())
 
 
-def test_eagle_on_a_window_model_is_refused_with_the_way_out():
+EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3"]
+
+
+def eagle_servers(page: int, window_pool: bool) -> tuple[Server, Server]:
+    """attnmeta_flashinfer verifying (topk 1; attnmeta's triton drafter, as the drafter refusal says), and the
+    oracle: SGLang's own triton at W verifying on the same seeded pools (its window: the prefix's last min(seq, W))."""
+    flags = [*EAGLE, "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--page-size", str(page)]
+    ours = Server(["--attention-backend", "attnmeta_flashinfer", *flags, "--speculative-draft-attention-backend",
+                   "attnmeta_triton"], seed=page, window=W, window_pool=window_pool)
+    oracle = Server(["--attention-backend", "triton", *flags, "--speculative-draft-attention-backend", "triton"],
+                    seed=page, window=W, window_pool=window_pool)
+    assert torch.equal(ours.runner.req_to_token_pool.req_to_token, oracle.runner.req_to_token_pool.req_to_token)
+    return ours, oracle
+
+
+@pytest.mark.parametrize("page, window_pool", [(1, False), (16, True)], ids=["page1-one-pool", "page16-window-pool"])
+def test_eagle_verify_and_draft_extend_window_wrappers(page, window_pool):
+    """EAGLE (topk 1) on a window model: attnmeta_flashinfer's verify plans the window layers' wrapper over each
+    request's last min(seq, W) cached slots (SGLang's own triton's verify window, the oracle) and then its D drafts
+    (the request's row), planned causal with FlashInfer's window_left W and no tree mask: FlashInfer then counts
+    each draft's window back from its own place (the chain's drafts are the list's last D); with a window pool, the
+    drafts' write slots translated. Draft extend (attnmeta_flashinfer built on the draft runner, as SGLang's factory
+    builds an extend backend) reads the last min(seq, W + D) slots of its rows, whose last D are its queries. Eager
+    and replayed through SGLang's verify and draft-extend graph runners."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from tests.integrations.served_pairs import drive
+    from tests.integrations.sglang_server import draft_extend, verify
+
+    with pytest.MonkeyPatch.context() as mp:
+        fi = fake_flashinfer.into_sglang(mp)
+        s, o = eagle_servers(page, window_pool)
+        D, r2t = s.spec.speculative_num_draft_tokens, s.runner.req_to_token_pool.req_to_token
+        f2s = s.runner.token_to_kv_pool.full_to_swa_index_mapping if window_pool else None
+        with s.active():
+            ext = ATTENTION_BACKENDS["attnmeta_flashinfer"](s.draft_runner)
+        runners = {"verify": Runners(s, s.backend, "fi", D), "extend": Runners(s, ext, "fe", D)}
+        makers = {"verify": lambda rows, seq, seed: verify(s, rows, seq, random.Random(seed)),
+                  "extend": lambda rows, seq, seed: draft_extend(s, rows, seq)}
+        with s.active():
+            for key, r in runners.items():
+                r.capture(lambda bs, r=r, key=key: makers[key]([0] * bs, [r.fill if key == "verify" else 1] * bs,
+                                                               bs), key)
+        tri = o.own("triton")
+        rng, L, seen = random.Random(page + 2 * window_pool), s.model_config.context_len, set()
+        for step in range(12):
+            key, replayed = ("verify", "extend")[step % 2], step % 4 < 2
+            n = rng.randint(1, max(s.sizes))
+            rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - D)
+            loc = torch.tensor(rng.sample(range(1, s.slots), n * D))
+            r = runners[key]
+            with s.active():
+                fb = writing(s, makers[key](rows, seq, step), loc)
+                drive(r, fb, key, n, replayed)
+            seen.add((key, replayed))
+            m, sm = r.backend.attnmeta.forward_metadata, r.backend.forward_metadata
+            assert sm.prefill_wrappers == [m.plan_window, m.plan]  # SGLang's index of a window layer's wrapper: 0
+            assert (m.plan_window._window_left, m.plan_window._causal, m.plan_window._custom_mask_buf) == (W, True,
+                                                                                                          None)
+            assert getattr(m.plan, "_window_left", -1) == -1
+            if key == "verify":
+                with o.active():
+                    tri.init_forward_metadata(writing(o, verify(o, rows, seq, random.Random(step)), loc))
+                t = tri.forward_metadata
+                cut = t.window_kv_indptr[: n + 1].tolist()
+                drafts = [r2t[row, q: q + D].long() for row, q in zip(rows, seq, strict=True)]
+                want = torch.cat([x for i in range(n) for x in (t.window_kv_indices[cut[i]: cut[i + 1]].long(),
+                                                                 f2s[drafts[i]] if window_pool else drafts[i])])
+                keys = [cut[i + 1] - cut[i] + D for i in range(n)]
+            else:  # the sequence (seq counts the D slots) ends in its queries: its last min(seq, W + D) slots
+                ends = [q + D for q in seq]
+                keys = [min(e, W + D) for e in ends]
+                want = torch.cat([r2t[row, e - k: e].long() for row, e, k in zip(rows, ends, keys, strict=True)])
+                want = f2s[want] if window_pool else want
+            assert m.window_kv_indptr[1: n + 1].tolist() == list(itertools.accumulate(keys)), (key, step)
+            assert torch.equal(m.window_kv_indices[: sum(keys)].long(), want), (key, step, replayed)
+            if window_pool:
+                assert torch.equal(sm.swa_out_cache_loc[: n * D].long(), f2s[loc].long()), (key, step)
+            else:
+                assert sm.swa_out_cache_loc is None
+        assert seen == {(k, r) for k in runners for r in (True, False)}
+        assert fi is not None
+
+
+def test_what_eagle_on_a_flashinfer_window_model_cannot_have_is_refused_with_the_way_out():
+    """SGLang's FlashInfer drafter has no window form (SGLang 0.5.23's own asserts one wrapper per step), so the
+    draft is named the way out; a tree verify (topk > 1) names topk 1 and the kinds that serve it."""
     with pytest.MonkeyPatch.context() as mp:
         fake_flashinfer.into_sglang(mp)
-        with pytest.raises(OptionsError, match="sliding-window layers for decode only.*attnmeta_fa3"):
-            Server(["--attention-backend", "attnmeta_flashinfer", "--speculative-algorithm", "EAGLE"], seed=1,
-                   window=W, window_pool=False)
+        with pytest.raises(OptionsError, match="no sliding-window form.*--speculative-draft-attention-backend "
+                                               "attnmeta_triton"):
+            Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "1",
+                    "--speculative-num-draft-tokens", "4"], seed=1, window=W, window_pool=False)
+        with pytest.raises(OptionsError, match="topk 1 only.*attnmeta_triton or attnmeta_fa3"):
+            Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "4",
+                    "--speculative-num-draft-tokens", "6", "--speculative-draft-attention-backend", "attnmeta_triton"],
+                   seed=1, window=W, window_pool=False)
 
 
 def test_sglangs_own_flashinfer_verify_window_reads_a_rows_first_slots():

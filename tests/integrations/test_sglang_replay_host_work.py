@@ -50,6 +50,10 @@ CASES = {
     "flashinfer-eagle": (["--attention-backend", "attnmeta_flashinfer", *EAGLE], "llama", fake_flashinfer.into_sglang),
     "flashinfer-p16": (["--attention-backend", "attnmeta_flashinfer", "--page-size", "16"], "llama",
                        fake_flashinfer.into_sglang),
+    # EAGLE on a window model: the window layers' verify wrapper planned on the GPU beside the full one's
+    "flashinfer-window-eagle": (["--attention-backend", "attnmeta_flashinfer", "--page-size", "16",
+                                 "--speculative-draft-attention-backend", "attnmeta_triton", *CHAIN], "llama",
+                                fake_flashinfer.into_sglang, {"window": 40}),
     "fa3-p16-eagle": (["--attention-backend", "attnmeta_fa3", "--page-size", "16", *CHAIN], "llama",
                       fake_fa3.into_sglang),
     # topk 4: the verify reads the tree mask SGLang's worker wrote into the plan's buffer (SGLang's own drafter)
