@@ -14,11 +14,13 @@ def assert_metadata_equal(meta, ref, seq_lens_cpu: torch.Tensor, page_size: int 
     assert bad == [], f"fields differing from the eager twin: {bad}"
 
 
-def masked_attention_from_pool(q, k, v, pool, rows, lens, per_request: int, extra_keys: int, masks=None):
+def masked_attention_from_pool(q, k, v, pool, rows, lens, per_request: int, extra_keys: int, masks=None,
+                               window: int = -1):
     """fp32 attention of ``per_request`` queries per request (``q`` [requests * per_request, H, d])
     over the keys ``pool[row, :len + extra_keys]`` (K/V heads repeated for grouped queries): under
     ``masks[i]`` (``per_request x keys``, the verify tree mask) when given, else causal aligned at
-    the end, the last query seeing every key."""
+    the end, the last query seeing every key. ``window`` >= 0: a query at position p (the queries are
+    the last keys) also sees no key before p - window."""
     outs, T = [], per_request
     group = q.shape[1] // k.shape[1]
     for i, (r, n) in enumerate(zip(rows, lens, strict=True)):
@@ -32,6 +34,8 @@ def masked_attention_from_pool(q, k, v, pool, rows, lens, per_request: int, extr
         else:
             t = torch.arange(T, device=q.device)
             allowed = torch.arange(kv_len, device=q.device)[None, :] <= (kv_len - T + t)[:, None]
+            if window >= 0:
+                allowed &= torch.arange(kv_len, device=q.device)[None, :] >= (kv_len - T + t - window)[:, None]
         p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
         outs.append(torch.einsum("thn,nhd->thd", p, vv))
     return torch.cat(outs)
