@@ -39,3 +39,12 @@ def masked_attention_from_pool(q, k, v, pool, rows, lens, per_request: int, extr
         p = torch.softmax(s.masked_fill(~allowed[:, None, :], float("-inf")), -1)
         outs.append(torch.einsum("thn,nhd->thd", p, vv))
     return torch.cat(outs)
+
+
+def token_kv_cache(slots: int, kv_heads: int, head_dim: int, seed: int, device) -> tuple:
+    """(k, v, cache): random bf16 keys and values of ``slots`` token slots, and the paged cache FlashInfer reads
+    (``(k, v)`` viewed as pages of one token, as SGLang hands its wrappers token slots)."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(slots, kv_heads, head_dim, generator=g).to(device).bfloat16()
+    v = torch.randn(slots, kv_heads, head_dim, generator=g).to(device).bfloat16()
+    return k, v, (k.view(-1, 1, kv_heads, head_dim), v.view(-1, 1, kv_heads, head_dim))

@@ -14,7 +14,7 @@ from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import make_pool
-from tests.oracles import masked_attention_from_pool
+from tests.oracles import masked_attention_from_pool, token_kv_cache
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -42,10 +42,8 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode, planner):
                                                                                 "plan_on_device")))
     be = cb.instantiate(pool, device=dev)
     adapter = FlashInferDecodeAdapter(be, H, HKV, HD, planner="host" if planner == "host" else "device")
-    g = torch.Generator().manual_seed(3)
-    k = torch.randn(ROWS * L + 1, HKV, HD, generator=g).to(dev).bfloat16()
-    v = torch.randn(ROWS * L + 1, HKV, HD, generator=g).to(dev).bfloat16()
-    kv = (k.view(-1, 1, HKV, HD), v.view(-1, 1, HKV, HD))
+    k, v, kv = token_kv_cache(ROWS * L + 1, HKV, HD, 3, dev)
+    g = torch.Generator().manual_seed(3 + 100)  # the queries' and masks' draws
     qbuf = torch.zeros(MAX_BS * D, H, HD, dtype=torch.bfloat16, device=dev)
     obuf = torch.zeros_like(qbuf)
     graphs = {}

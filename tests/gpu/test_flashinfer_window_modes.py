@@ -17,7 +17,7 @@ from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.runtime import ForwardBatch, ReplayView
 from tests.batches import make_pool
-from tests.oracles import masked_attention_from_pool
+from tests.oracles import masked_attention_from_pool, token_kv_cache
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")]
@@ -41,10 +41,8 @@ def test_window_wrapper_attends_each_query_to_its_window(mode, planner):
         sliding_window=W, backend=FlashInferOptions(plan_on_device=planner == "plan_on_device")))
     be = cb.instantiate(pool, device=dev)
     FlashInferDecodeAdapter(be, H, HKV, HD, planner="host" if planner == "host" else "device")
-    g = torch.Generator().manual_seed(5)
-    k = torch.randn(ROWS * L + 1, HKV, HD, generator=g).to(dev).bfloat16()
-    v = torch.randn(ROWS * L + 1, HKV, HD, generator=g).to(dev).bfloat16()
-    kv = (k.view(-1, 1, HKV, HD), v.view(-1, 1, HKV, HD))
+    k, v, kv = token_kv_cache(ROWS * L + 1, HKV, HD, 5, dev)
+    g = torch.Generator().manual_seed(5 + 100)  # the queries' and masks' draws
     qbuf = torch.zeros(MAX_BS * D, H, HD, dtype=torch.bfloat16, device=dev)
     obuf = torch.zeros_like(qbuf)
 
