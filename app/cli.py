@@ -113,7 +113,8 @@ def cmd_compile(a) -> int:
 
 
 # the backends' own options
-OWN_FLAGS = ("index_topk", "compress_ratios", "plan_on_device", "max_kv_splits", "attention_chunk")
+OWN_FLAGS = ("index_topk", "compress_ratios", "plan_on_device", "max_kv_splits", "draft_window", "draft_sink",
+             "attention_chunk")
 
 
 def own_options(backend: str, a):
@@ -292,6 +293,12 @@ def parser() -> argparse.ArgumentParser:
                         "(FlashInferDecodeAdapter's device planner, FlashInfer 0.6)")
     c.add_argument("--max-kv-splits", type=int,
                    help="triton specs: the most KV splits a row may get (SGLang's --triton-attention-num-kv-splits; 8)")
+    c.add_argument("--draft-window", type=int,
+                   help="multistep_triton: EAGLE's drafter attends to its prefix's last N tokens (and its sink), then "
+                        "its drafts (SGLang's --speculative-draft-window-size; 0: the whole prefix)")
+    c.add_argument("--draft-sink", type=int,
+                   help="multistep_triton: the prefix's first N tokens the drafter keeps beside its draft window "
+                        "(SGLang's --speculative-draft-sink-size)")
     c.add_argument("--attention-chunk", type=int,
                    help="flashattention: chunked local attention's chunk in tokens (Llama 4's attention_chunk_size; "
                         "decode)")

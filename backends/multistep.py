@@ -74,6 +74,23 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
     return {**ins, **rows}, (seq, shift)
 
 
+def _draft_window(b: SpecBuilder, inner: BackendSpec, options: CompileOptions, rows: dict):
+    """A draft window (the inner backend's options ``draft_window`` W and ``draft_sink`` S, as SGLang's drafter
+    reads them): of each row's ``seq`` prefix tokens the first min(S, seq) and the last min(seq, W + S) - min(S,
+    seq), then its drafts. Returns (kept = min(seq, W + S), the sink, the gather's skip past the sink = seq - kept,
+    W + S: the step's keys' cap), or None without one."""
+    own = options.of(inner.options_type) if inner.options_type else None
+    W, S = getattr(own, "draft_window", 0), getattr(own, "draft_sink", 0)
+    if not W:
+        return None
+    with b.in_graph():
+        seq = rows["seq_lens"]
+        kept = b.ewise("min", seq, W + S, name="draft_kept")
+        sink = b.ewise("min", seq, S, name="draft_sink")
+        skip = b.ewise("sub", seq, kept, name="draft_skip")
+    return kept, sink, skip, W + S
+
+
 def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool = False) -> BackendSpec:
     """``inner``'s S draft steps x K branches; ``windows``: its sliding-window fields planned per step too (the
     inner decode's window over each step's keys, a branch's running from the prefix into its own drafts; its write
@@ -97,11 +114,18 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool
         if K > 1:
             rows, jump = _branches(b, g, ins, options)
             subs = {"bs": "bs*K", "max_bs": "max_bs*K"}  # buffers sized with the K factor
+        sink_window = _draft_window(b, inner, options, rows)
 
         def branch_gather(n, xs):
             """A branch row's gather jumps over the other branches' slots once it passes its prefix; a window's
-            gather (its own jump: its first column) passes the prefix at entry seq - first column."""
-            if not jump or n.op is not Op.ragged_gather:
+            gather (its own jump: its first column) passes the prefix at entry seq - first column. Under a draft
+            window the drafter's gather first jumps from its sink to its recent tokens."""
+            if n.op is not Op.ragged_gather:
+                return xs
+            if len(xs) == 4 and sink_window:
+                kept, sink, skip, _ = sink_window
+                return [*xs, sink, skip, *((kept, jump[1]) if jump else ())]
+            if not jump:
                 return xs
             if len(xs) == 4:
                 return [*xs, *jump]
@@ -117,7 +141,8 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool
             for name in SEQ:
                 if name in step:
                     with b.out_graph() if name.endswith("_cpu") else b.in_graph():
-                        step[name] = b.ewise("add", rows[name], s + 1, name=step_prefix(s) + name)
+                        keys = rows[name] if not sink_window else b.ewise("min", rows[name], sink_window[3])
+                        step[name] = b.ewise("add", keys, s + 1, name=step_prefix(s) + name)
             if slot is not None:
                 with b.in_graph():
                     step["out_cache_loc"] = b.lookup(ins["out_cache_loc"], b.arange(branch_rows, start=s, step=S))

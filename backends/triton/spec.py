@@ -40,10 +40,22 @@ class TritonOptions:
     """Triton's own options (``CompileOptions(backend=TritonOptions(...))``; also its TBO and multi-step forms)."""
 
     max_kv_splits: int = 8  # the most splits a row may get (SGLang's --triton-attention-num-kv-splits)
+    # EAGLE's drafter only (multistep_triton): each draft step attends to its prefix's first ``draft_sink`` tokens
+    # and last ``draft_window`` (SGLang's --speculative-draft-window-size / --speculative-draft-sink-size), then its
+    # drafts; 0: the whole prefix
+    draft_window: int = 0
+    draft_sink: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.max_kv_splits, int) or isinstance(self.max_kv_splits, bool) or self.max_kv_splits < 1:
             raise OptionsError(f"max_kv_splits must be an int >= 1, got {self.max_kv_splits!r} (--max-kv-splits)")
+        for name in ("draft_window", "draft_sink"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise OptionsError(f"{name} must be an int >= 0 (tokens; 0: none), got {v!r}")
+        if self.draft_sink and not self.draft_window:
+            raise OptionsError(f"draft_sink={self.draft_sink} needs a draft window (draft_window > 0): sink tokens "
+                               "are kept beside a window of recent ones")
 
 
 def num_kv_splits(b: SpecBuilder, seq_lens, options: CompileOptions, prefix: str = ""):

@@ -64,17 +64,15 @@ class TritonDraftBackend(_Drafter, _SGLangTritonDraft):
     def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None):
         super().__init__(model_runner, topk, speculative_num_steps)
         c = self.attn_backends[0]
-        if self.draft_window_size > 0:
-            raise OptionsError("attnmeta's multistep_triton does not plan a draft window (the drafter attending to the "
-                               "last tokens only); serve this draft with SGLang's own triton drafter "
-                               "(--speculative-draft-attention-backend triton); attnmeta_triton still serves the "
-                               "target's decode and verify")
         static = c.static_kv_splits or c.device_core_count <= 0
         window, pools = sliding_window(c)  # the window rail: each step's window over its keys, its write slot's
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=c.num_head, num_kv_heads=c.num_kv_head,
                                   sm_count=0 if static else c.device_core_count, **window,
-                                  backend=TritonOptions(max_kv_splits=c.max_kv_splits))
+                                  # a draft window (SGLang resolves it off where the model has a window of its own)
+                                  backend=TritonOptions(max_kv_splits=c.max_kv_splits,
+                                                        draft_window=self.draft_window_size,
+                                                        draft_sink=self.draft_sink_size))
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device, **pools)
         self._eager_scratch: dict = {}
 

@@ -33,7 +33,7 @@ CAPTURED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAF
 # the options that shape metadata: a compiled backend must agree with SGLang's resolved ones (a name that is not a
 # CompileOptions field is the backend's own option: triton's max_kv_splits)
 AGREE = ("page_size", "max_context_len", "num_heads", "num_kv_heads", "num_draft_tokens", "topk", "num_steps",
-         "sm_count", "sliding_window", "window_pool", "max_kv_splits", "attention_chunk")
+         "sm_count", "sliding_window", "window_pool", "max_kv_splits", "attention_chunk", "draft_window", "draft_sink")
 
 
 def _value(o: CompileOptions, name: str, like: CompileOptions):

@@ -115,3 +115,38 @@ def test_a_sequence_without_room_for_the_drafts_is_refused():
 def test_drafts_that_cannot_fit_the_context_are_refused_at_compile_time():
     with pytest.raises(OptionsError, match="reads 67 request-table columns .*max_context_len=64.*above 67"):
         compile_backend("multistep_flashinfer", CompileOptions(max_bs=4, max_context_len=64, topk=3, page_size=16))
+
+
+def test_draft_window_by_hand():
+    """A draft window W 3 with a sink S 2 (the drafter's keys: its prefix's first 2 tokens and last 3, then its
+    drafts), 3 steps, page 1. Pool row r holds 100 r + c at column c. Request A (row 1) has 10 tokens: 100, 101
+    (the sink), 107..109 (the window), then its drafts from column 10. B (row 2) has 4, fewer than W + S: all of
+    them. With topk 2 each branch's drafts start at seq + 3 k (A's branch 1 at column 13, B's at 7), after the same
+    kept prefix; the window is the drafter's own, not a window of the model's."""
+    from attnmeta.backends.triton.spec import TritonOptions
+
+    pool = torch.zeros(3, 32, dtype=torch.int32)
+    pool[1], pool[2] = torch.arange(100, 132, dtype=torch.int32), torch.arange(200, 232, dtype=torch.int32)
+    seq, rpi = torch.tensor([10, 4], dtype=torch.int32), torch.tensor([1, 2])
+    a = [100, 101, 107, 108, 109]
+    want = {1: [a + [110], list(range(200, 205))], 2: [a + [110], a + [113], list(range(200, 205)),
+                                                         [200, 201, 202, 203, 207]]}
+    for K, rows in want.items():
+        cb = compile_backend("multistep_triton", CompileOptions(max_bs=2, capture_sizes=(2,), max_context_len=32,
+                                                               topk=K, num_steps=3,
+                                                               backend=TritonOptions(draft_window=3, draft_sink=2)))
+        be = cb.instantiate(pool)
+        be.init_forward_metadata(ForwardBatch(ForwardMode.DECODE, 2, req_pool_indices=rpi, req_pool_indices_cpu=rpi,
+                                              seq_lens=seq, seq_lens_cpu=seq, seq_lens_sum=14))
+        m = be.forward_metadata
+        for s in range(3):  # step s: each row's kept prefix and its first s + 1 drafts
+            got = [m.step(s).kv_indices[int(m.step(s).kv_indptr[i]): int(m.step(s).kv_indptr[i + 1])].tolist()
+                   for i in range(2 * K)]
+            assert got == [r[:-1] + [r[-1] + t for t in range(s + 1)] for r in rows], (K, s, got)
+
+
+def test_a_sink_without_a_draft_window_is_refused():
+    from attnmeta.backends.triton.spec import TritonOptions
+
+    with pytest.raises(OptionsError, match="draft_sink=4 needs a draft window"):
+        TritonOptions(draft_sink=4)
