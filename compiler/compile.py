@@ -191,6 +191,10 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if options.backend is not None and not (spec.options_type and isinstance(options.backend, spec.options_type)):
         takes = f"takes {spec.options_type.__name__}" if spec.options_type else "has no options of its own"
         raise OptionsError(f"backend {spec.name!r} {takes}, got backend={options.backend!r}")
+    if getattr(options.backend, "draft_window", 0) and not spec.name.startswith("multistep_"):
+        raise OptionsError(f"draft_window={options.backend.draft_window}: only EAGLE's multi-step drafter attends "
+                           f"through a draft window, and {spec.name!r} is not one; compile multistep_{spec.name} "
+                           f"(--draft-window), or leave it 0")
     for m in options.modes:  # columns a mode reads past each sequence: the context must leave room for one token
         room = spec.headroom(m, options)
         if options.max_context_len - room < 1:

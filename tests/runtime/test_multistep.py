@@ -145,8 +145,11 @@ def test_draft_window_by_hand():
             assert got == [r[:-1] + [r[-1] + t for t in range(s + 1)] for r in rows], (K, s, got)
 
 
-def test_a_sink_without_a_draft_window_is_refused():
+def test_a_draft_window_outside_the_drafter_or_a_sink_alone_is_refused():
     from attnmeta.backends.triton.spec import TritonOptions
 
     with pytest.raises(OptionsError, match="draft_sink=4 needs a draft window"):
         TritonOptions(draft_sink=4)
+    with pytest.raises(OptionsError, match="draft_window=24: only EAGLE's multi-step drafter .* compile "
+                                           "multistep_triton"):
+        compile_backend("triton", CompileOptions(max_bs=2, backend=TritonOptions(draft_window=24)))
