@@ -77,18 +77,17 @@ def _branches(b: SpecBuilder, g: Graph, ins: dict, options: CompileOptions):
 def _draft_window(b: SpecBuilder, inner: BackendSpec, options: CompileOptions, rows: dict):
     """A draft window (the inner backend's options ``draft_window`` W and ``draft_sink`` S, as SGLang's drafter
     reads them): of each row's ``seq`` prefix tokens the first min(S, seq) and the last min(seq, W + S) - min(S,
-    seq), then its drafts. Returns (kept = min(seq, W + S), the sink, the gather's skip past the sink = seq - kept,
-    W + S: the step's keys' cap), or None without one."""
+    seq), then its drafts. Returns (the gather's jump past the sink: (min(S, seq), seq - min(seq, W + S)), W + S:
+    the cap of a step's prefix keys), or None without one."""
     own = options.of(inner.options_type) if inner.options_type else None
     W, S = getattr(own, "draft_window", 0), getattr(own, "draft_sink", 0)
     if not W:
         return None
     with b.in_graph():
         seq = rows["seq_lens"]
-        kept = b.ewise("min", seq, W + S, name="draft_kept")
         sink = b.ewise("min", seq, S, name="draft_sink")
-        skip = b.ewise("sub", seq, kept, name="draft_skip")
-    return kept, sink, skip, W + S
+        skip = b.ewise("sub", seq, b.ewise("min", seq, W + S), name="draft_skip")
+    return (sink, skip), W + S
 
 
 def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool = False) -> BackendSpec:
@@ -117,20 +116,17 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool
         sink_window = _draft_window(b, inner, options, rows)
 
         def branch_gather(n, xs):
-            """A branch row's gather jumps over the other branches' slots once it passes its prefix; a window's
-            gather (its own jump: its first column) passes the prefix at entry seq - first column. Under a draft
-            window the drafter's gather first jumps from its sink to its recent tokens."""
+            """Under a draft window the drafter's gather first jumps from its sink to its recent tokens. A branch
+            row's gather then jumps over the other branches' slots once it passes its prefix: at entry seq less
+            the columns an earlier jump skipped (a window's first column, the draft window's skip)."""
             if n.op is not Op.ragged_gather:
                 return xs
             if len(xs) == 4 and sink_window:
-                kept, sink, skip, _ = sink_window
-                return [*xs, sink, skip, *((kept, jump[1]) if jump else ())]
+                xs = [*xs, *sink_window[0]]
             if not jump:
                 return xs
-            if len(xs) == 4:
-                return [*xs, *jump]
             seq, shift = jump
-            return [*xs, b.ewise("sub", seq, xs[5]), shift]
+            return [*xs, seq if len(xs) == 4 else b.ewise("sub", seq, xs[5]), shift]
 
         fields, ragged, round_ = {}, {}, {}
         if per_round:  # once, over the prefix: dce drops the rest of this copy of the inner graph
@@ -141,7 +137,7 @@ def multistep(inner: BackendSpec, per_round: tuple[str, ...] = (), windows: bool
             for name in SEQ:
                 if name in step:
                     with b.out_graph() if name.endswith("_cpu") else b.in_graph():
-                        keys = rows[name] if not sink_window else b.ewise("min", rows[name], sink_window[3])
+                        keys = rows[name] if not sink_window else b.ewise("min", rows[name], sink_window[1])
                         step[name] = b.ewise("add", keys, s + 1, name=step_prefix(s) + name)
             if slot is not None:
                 with b.in_graph():

@@ -61,10 +61,9 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     seq_lens_cpu = host_seq_lens(b, room)
     on_device = options.of(FlashInferOptions).plan_on_device
     if mode.is_target_verify():
-        return verify(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device, options)
+        return verify(b, seq_lens, seq_lens_cpu, rpi, req_to_token, options)
     if mode.is_draft_extend():
-        return draft_extend(b, options.num_draft_tokens, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device,
-                            options)
+        return draft_extend(b, seq_lens, seq_lens_cpu, rpi, req_to_token, options)
     if mode is ForwardMode.EXTEND:
         return extend(b, rpi, req_to_token)
     win = {}
@@ -111,9 +110,9 @@ def _prefill_plan(b: SpecBuilder, qo_host, kv_lens_cpu, on_device: bool, binds: 
         return b.host_call(PREFILL_PLANNER, qo_host, kv_host, name=name, binds=binds), {field: kv_host}
 
 
-def _prefill_window(b: SpecBuilder, Q: int, keys, keys_cpu, rpi, req_to_token, options: CompileOptions, qo_indptr,
-                    qo_host, last_page_len, on_device: bool) -> dict:
-    """The window layers' prefill wrapper (SGLang's first), beside the full layers': each request's ``Q`` queries
+def _prefill_window(b: SpecBuilder, keys, keys_cpu, rpi, req_to_token, options: CompileOptions, qo_indptr, qo_host,
+                    last_page_len) -> dict:
+    """The window layers' prefill wrapper (SGLang's first), beside the full layers': each request's Q queries
     sit at the end of its ``keys`` (verify: its drafts; draft extend: its slots), so the last min(keys, SW + Q) of
     them hold every key a query's window reaches. The wrapper is planned causal with FlashInfer's ``window_left``
     SW (the planner's ``plan_window`` site): FlashInfer counts a query's place back from the end of its request's
@@ -121,6 +120,7 @@ def _prefill_window(b: SpecBuilder, Q: int, keys, keys_cpu, rpi, req_to_token, o
     per query. No tree mask: at topk 1 the drafts are a chain, which causal is. Nothing without a window."""
     if not options.sliding_window:
         return {}
+    Q, on_device = options.num_draft_tokens, options.of(FlashInferOptions).plan_on_device  # verify's D, extend's T
     win = window_stream(b, keys, rpi, req_to_token, options, past=Q, tokens=f"{Q}*bs")
     del win["window_kv_lens"], win["window_kv_start"]
     with b.out_graph():
@@ -131,11 +131,11 @@ def _prefill_window(b: SpecBuilder, Q: int, keys, keys_cpu, rpi, req_to_token, o
     return win | host
 
 
-def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False,
-           options: CompileOptions | None = None) -> Graph:
+def verify(b: SpecBuilder, seq_lens, seq_lens_cpu, rpi, req_to_token, options: CompileOptions) -> Graph:
     """Target verify (EAGLE): D query tokens per request over the prefix plus the D drafts; the
     tree-mask rows of request i start at mask_indptr[i]. plan() gets host indptrs computed from
     the host mirror, never a device->host copy at replay."""
+    D, on_device = options.num_draft_tokens, options.of(FlashInferOptions).plan_on_device
     with b.in_graph():
         kv_lens = b.ewise("add", seq_lens, D)
         qo_indptr = b.arange("bs + 1", step=D, name="qo_indptr")
@@ -150,8 +150,7 @@ def verify(b: SpecBuilder, D: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on
     plan, host = _prefill_plan(b, qo_host, kv_lens_cpu, on_device, dict(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
         custom_mask=custom_mask))
-    win = _prefill_window(b, D, kv_lens, kv_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len,
-                          on_device) if options else {}
+    win = _prefill_window(b, kv_lens, kv_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len)
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
               custom_mask=custom_mask, kv_last_page_len=last_page_len, plan=plan, ragged=_ragged(win), **host, **win)
     return b.build()
@@ -161,13 +160,13 @@ def _ragged(win: dict) -> dict:
     return {"kv_indices": "kv_indptr"} | ({"window_kv_indices": "window_kv_indptr"} if win else {})
 
 
-def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_token, on_device: bool = False,
-                 options: CompileOptions | None = None) -> Graph:
+def draft_extend(b: SpecBuilder, seq_lens, seq_lens_cpu, rpi, req_to_token, options: CompileOptions) -> Graph:
     """Draft extend (EAGLE, SGLang's V2 layout): T query slots per request at a fixed stride, the
     accepted tokens first; keys are the whole sequence (seq_lens counts the T slots). The kernel
     and plan() read the same qo_indptr: graph-mode plan() copies the host indptr it is given into
     the buffer the kernel reads, so both are the static stride and the kv indptr comes from the
     host mirror; replay never copies device indptrs back."""
+    T, on_device = options.num_draft_tokens, options.of(FlashInferOptions).plan_on_device
     with b.in_graph():
         qo_indptr = b.arange("bs + 1", step=T, name="qo_indptr")
         kv_indptr = b.cumsum(seq_lens, name="kv_indptr")
@@ -177,8 +176,7 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, seq_lens_cpu, rpi, req_to_tok
         qo_host = b.arange("bs + 1", step=T, placement=Placement.host, name="qo_indptr_host")
     plan, host = _prefill_plan(b, qo_host, seq_lens_cpu, on_device, dict(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len))
-    win = _prefill_window(b, T, seq_lens, seq_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len,
-                          on_device) if options else {}
+    win = _prefill_window(b, seq_lens, seq_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len)
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
               qo_indptr_host=qo_host, plan=plan, ragged=_ragged(win), **host, **win)
     return b.build()
