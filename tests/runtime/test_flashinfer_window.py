@@ -161,6 +161,40 @@ def test_verify_and_draft_extend_window_wrappers(mode, window_pool, on_device):
             check_spec(mode, be, fb, 3, pool, f2s, on_device)
 
 
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+def test_every_window_mode_of_one_backend_interleaved(window_pool):
+    """Decode, verify and draft extend compiled together on one instance, every size captured in each mode, then
+    steps interleaved across modes and sizes (replayed, padded, and eager at a size never captured): each step's
+    window and full streams against the twin, so no mode's buffers or plans alias another's."""
+    cb = compile_backend("flashinfer", CompileOptions(
+        max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, sliding_window=W, window_pool=window_pool,
+        num_draft_tokens=D, modes=("decode", "idle", "target_verify", "draft_extend"),
+        backend=FlashInferOptions(plan_on_device=True)))
+    pool, slots = make_pool(ROWS, L, seed=7), ROWS * L + 1
+    f2s = torch.randperm(slots, generator=torch.Generator().manual_seed(8)) if window_pool else None
+    be = cb.instantiate(pool, pools={"full_to_swa": f2s} if window_pool else None)
+    modes = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+    make = {ForwardMode.DECODE: lambda n, seed: batch(n, seed, slots)}
+    make |= {m: (lambda n, seed, m=m: spec_batch(m, n, seed, slots)) for m in modes[1:]}
+    graphs = {(m, bs): capture(be, make[m](bs, bs)) for bs in sorted(SIZES, reverse=True) for m in modes}
+    for step in range(18):
+        m, bs = modes[step % 3], SIZES[(step // 3) % len(SIZES)]
+        n = max(bs - step % 2, 1)  # full, then padded
+        fb = make[m](n, 100 + step)
+        if step % 6 == 5:
+            n = 3
+            fb = make[m](n, 100 + step)
+            be.init_forward_metadata(fb)  # eager, at a size never captured
+        else:
+            be.init_forward_metadata_out_graph(ReplayView.of(fb, bs))
+            graphs[(m, bs)].replay()
+            n = bs
+        if m is ForwardMode.DECODE:
+            check(cb, be, fb, n, pool, f2s, True)
+        else:
+            check_spec(m, be, fb, n, pool, f2s, True)
+
+
 def test_verify_window_by_hand():
     """W = 3, D = 2: a request of 6 cached tokens (slots 11..16, drafts 17, 18) has its window wrapper read its
     last 3 and both drafts, 14..18 (the first draft sees 14, 15, 16 and itself: W before it); one of 1 token
