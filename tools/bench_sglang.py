@@ -356,6 +356,29 @@ def save(path: str | None, rows: list[dict]) -> None:
             json.dump(rows, f, indent=1)
 
 
+def pin(which: str) -> str:
+    """Pin this process (every thread it starts after) to one CPU; what it did, for the output."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if which != "auto":
+        cpu = int(which)
+        if cpu not in allowed:
+            raise SystemExit(f"bench_sglang: --pin {cpu}: this process may run on CPUs {allowed} only")
+    else:
+        local = allowed
+        try:  # the CPUs next to the GPU (its NUMA node), where the kernel says which
+            d = torch.cuda.get_device_properties(0)
+            bus = f"{d.pci_domain_id:04x}:{d.pci_bus_id:02x}:{d.pci_device_id:02x}.0"
+            with open(f"/sys/bus/pci/devices/{bus}/local_cpulist") as f:
+                spans = [tuple(int(x) for x in r.split("-")) for r in f.read().strip().split(",") if r]
+            near = [c for c in allowed if any(lo <= c <= (hi[0] if hi else lo) for lo, *hi in spans)]
+            local = near or allowed
+        except (AttributeError, OSError, ValueError, RuntimeError):
+            pass
+        cpu = local[0]
+    os.sched_setaffinity(0, {cpu})
+    return f"pinned to CPU {cpu} of {len(allowed)}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default="triton,flashinfer",
@@ -371,6 +394,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", type=int, default=0, metavar="BS", help="profile attnmeta's step at this size")
+    ap.add_argument("--pin", default="", metavar="CPU",
+                    help="run on this one CPU (a number, or 'auto': the first this process may use that is local "
+                    "to the GPU), as a serving engine pins its scheduler; the host's speed then moves less")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the harness (emulated graphs, triton "
                     "only); its times are not a GPU's")
     a = ap.parse_args(argv)
@@ -379,11 +405,12 @@ def main(argv=None) -> int:
               "smoke-tests the harness", file=sys.stderr)
         return 2
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    pinned = pin(a.pin) if a.pin else "not pinned"
     global PROFILE
     PROFILE = a.profile
     rng, rows = random.Random(0), []
     where = torch.cuda.get_device_name() if a.device == "cuda" else "CPU smoke run, emulated graphs: not GPU times"
-    print(f"torch {torch.__version__}, {where}\n{HEADER}", flush=True)
+    print(f"torch {torch.__version__}, {where}, host {pinned}\n{HEADER}", flush=True)
     for kind in a.kinds.split(","):
         if kind == "trtllm_mha" and a.device == "cuda":
             trtllm_counter_standin()
