@@ -301,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
                         "(SGLang's --speculative-draft-sink-size)")
     c.add_argument("--attention-chunk", type=int,
                    help="flashattention: chunked local attention's chunk in tokens (Llama 4's attention_chunk_size; "
-                        "decode)")
+                        "decode, and target_verify at topk 1)")
     c.add_argument("--dump-dir", help="write each pass's IR, the generated code and a pass table into a run folder "
                                       "there (also ATTNMETA_DUMP_DIR)")
     c.add_argument("--dump-bs", nargs="+", metavar="BS", help="sizes to dump, or 'all' (default: the largest captured)")

@@ -27,11 +27,14 @@ def _compiled(name: str = "flashinfer", modes=("decode", "target_verify", "draft
     return compile_backend(name, CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=16, modes=modes, **kw))
 
 
-def _chunked(chunk: int, page: int):
+def _chunk_options(chunk: int):
     from attnmeta.backends.flashattention.spec import FlashAttentionOptions
 
-    return _compiled("flashattention", modes=("decode",), page_size=page,
-                     backend=FlashAttentionOptions(attention_chunk=chunk))
+    return FlashAttentionOptions(attention_chunk=chunk)
+
+
+def _chunked(chunk: int, page: int):
+    return _compiled("flashattention", modes=("decode",), page_size=page, backend=_chunk_options(chunk))
 
 
 def _backend(name: str = "flashinfer", **kw):
@@ -220,6 +223,10 @@ CASES = [
     Case("chunked local attention off page boundaries (FlashAttention, chunk 24 at page size 16)",
          lambda: _chunked(24, 16), "OptionsError",
          "attention_chunk=24 is not a multiple of the page size 16"),
+    Case("chunked local attention under a tree verify (FlashAttention, topk 4)",
+         lambda: _compiled("flashattention", modes=("decode", "target_verify"), topk=4, num_steps=2,
+                           num_draft_tokens=4, backend=_chunk_options(8)), "OptionsError",
+         "chunked local attention is planned for decode and target_verify at topk 1, not target_verify with topk > 1"),
     Case(".ir text with a missing `}`", lambda: _parse(GRAPH), "ParseError", "graph 'g' is not closed"),
     Case(".ir text after the closing `}`", lambda: _parse(GRAPH + "}\n  output z = %x\n"), "ParseError",
          "text after the closing '}'"),

@@ -17,7 +17,7 @@ class EagerFlashAttentionDecode:
     def __init__(self, req_to_token: torch.Tensor, max_bs: int, page_size: int = 1, draft_tokens: int = 4,
                  attention_chunk: int = 0):
         self.req_to_token, self.page_size, self.D = req_to_token, page_size, draft_tokens
-        self.chunk = attention_chunk  # chunked local attention's chunk (decode), 0: none
+        self.chunk = attention_chunk  # chunked local attention's chunk (decode, verify), 0: none
         L = req_to_token.shape[1]
         self.strided = torch.arange(0, L, page_size, device=req_to_token.device)
 
@@ -38,21 +38,28 @@ class EagerFlashAttentionDecode:
             cu_q = torch.nn.functional.pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0))
         out = SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
                               page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)
-        return self.local(fb, out) if self.chunk and not spec else out
+        return self.local(fb, out, T if verify else 1) if self.chunk and not fb.forward_mode.is_draft_extend() else out
 
-    def local(self, fb, out: SimpleNamespace) -> SimpleNamespace:
-        """Chunked local attention, request by request: the chunk the request's last token is in, its tokens so
-        far, and the pages they are on (``local_block_table`` holds only those; the rest of a row is the
-        kernel's to ignore)."""
+    def local(self, fb, out: SimpleNamespace, queries: int = 1) -> SimpleNamespace:
+        """Chunked local attention, request by request: each chunk a request's last ``queries`` tokens fall in is
+        a batch item, with those of its queries, the chunk's tokens up to its last query as keys, and the pages
+        they are on (``local_block_table`` holds only those; the rest of a row is the kernel's to ignore)."""
         bs, P, C = fb.batch_size, self.page_size, self.chunk
-        keys, tables = [], []
+        extra = queries if queries > 1 else 0  # verify: the drafts' keys follow the prefix
+        cu, keys, tables = [0], [], []
         for row, n in zip(fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist(), strict=True):
-            start = (n - 1) // C * C  # the chunk's first token
-            keys.append(n - start)
-            tables.append((self.req_to_token[row, start:n:P] // P).to(torch.int32))
-        out.local_query_start_loc = torch.arange(bs + 1, dtype=torch.int32)
+            end = n + extra  # one past the last query
+            pos = end - queries
+            while pos < end:
+                start = pos // C * C  # this chunk's first token
+                last = min(end, start + C)  # one past its last query
+                cu.append(cu[-1] + last - pos)
+                keys.append(last - start)
+                tables.append((self.req_to_token[row, start:last:P] // P).to(torch.int32))
+                pos = last
+        out.local_query_start_loc = torch.tensor(cu, dtype=torch.int32)
         out.local_seqused_k = torch.tensor(keys, dtype=torch.int32)
-        out.local_block_table = tables  # per request, its chunk's pages
+        out.local_block_table = tables  # per batch item, its chunk's pages
         return out
 
 

@@ -1,9 +1,11 @@
-"""FlashAttention metadata (decode), declared once; TRT-LLM MHA's is the same but for draft extend.
+"""FlashAttention metadata (decode, target verify, draft extend), declared once; TRT-LLM MHA's is the same but
+for draft extend.
 
 The page table has a static width W = ceil(L / P) and guards each row on
 device (pages past ceil(seq_len / P) are 0), so no host maximum is baked
-into the captured graph. ``max_seq_len_q`` is the per-mode constant 1 and
-``max_seq_len_k`` the static bound L: constants, not per-step host numbers.
+into the captured graph. ``max_seq_len_q`` is the per-mode constant (1, or the
+draft tokens) and ``max_seq_len_k`` the static bound L: constants, not per-step
+host numbers.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def build_trtllm_mha(mode: ForwardMode, options: CompileOptions) -> Graph:
 def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend: bool) -> Graph:
     b = SpecBuilder(f"{name}.{mode.name.lower()}")
     seq_lens, rpi, req_to_token = decode_inputs(b, verify_headroom(mode, options))
+    chunk = options.of(FlashAttentionOptions).attention_chunk if name == "flashattention" else 0
+    if chunk:
+        planned_chunks(mode, options, chunk)  # what it does not plan is refused by name, before a tree is built
     if mode.is_target_verify() and options.topk > 1 and not strided_extend:
         return tree_verify(b, options, seq_lens, rpi, req_to_token)
     T = options.num_draft_tokens if mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND) else 1
@@ -68,9 +73,8 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
         page_table = b.page_table(req_to_token, rpi, kv_lens, page_size=options.page_size, width="W",
                                   name="page_table")
     win = window_pool(b, page_table, options, f"{T}*bs") if options.window_pool else {}
-    chunk = options.of(FlashAttentionOptions).attention_chunk if name == "flashattention" else 0
     if chunk:
-        win |= local_chunks(b, seq_lens, win.get("swa_page_table", page_table), mode, options, chunk)
+        win |= local_chunks(b, kv_lens, win.get("swa_page_table", page_table), T, mode, options, chunk)
     with b.out_graph():
         max_q = b.full(T, [], I32, Placement.host, name="max_seq_len_q")
         max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
@@ -79,27 +83,46 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
     return b.build()
 
 
-def local_chunks(b: SpecBuilder, seq_lens, table, mode: ForwardMode, options: CompileOptions, C: int) -> dict:
-    """Chunked local attention, decode (SGLang's ``LocalAttentionMetadataBuilder``, one query per request): each
-    request's current chunk of ``C`` tokens is one batch item (``local_query_start_loc``), its keys the tokens of
-    that chunk so far, ((seq - 1) mod C) + 1 (``local_seqused_k``), its pages those of the chunk's columns of
-    ``table`` (the window pool's where the chunked layers keep their KV there), C / P of them, the columns past the
-    table's last clamped to it as SGLang clamps them (the kernel reads only the first ceil(keys / P))."""
+def local_chunks(b: SpecBuilder, kv_lens, table, Q: int, mode: ForwardMode, options: CompileOptions, C: int) -> dict:
+    """Chunked local attention (SGLang's ``LocalAttentionMetadataBuilder``): each request's queries, its last ``Q``
+    tokens of ``kv_lens`` keys, attend within fixed chunks of ``C`` tokens, and each chunk a request's queries fall
+    in is one batch item. Decode's one query is in one chunk; verify's D queries may run into the next: the queries
+    of request r and its j-th chunk from the first query's (``V`` per request, ceil((Q - 1) / C) + 1) are item
+    r * V + j, with that chunk's queries (``local_query_start_loc``, an indptr), its keys up to its last query
+    (``local_seqused_k``), and its pages, C / P columns of ``table`` (the window pool's where the chunked layers keep
+    their KV there), clamped to the table's last as SGLang clamps them (the kernel reads ceil(keys / P)). A chunk no
+    query reaches is an empty item (no queries, no keys), so the layout is static; SGLang's host code lists only
+    the others, in the same order."""
     P = options.page_size
-    if not mode.is_decode():
-        raise OptionsError(f"flashattention: chunked local attention is planned for decode only, not "
-                           f"{mode.name.lower()} (SGLang's own fa3 captures it for decode only); serve EAGLE on a "
-                           f"chunked-attention model with SGLang's own fa3")
-    if C % P:
-        raise OptionsError(f"attention_chunk={C} is not a multiple of the page size {P}: a chunk must start on a page "
-                           f"(--attention-chunk, --page-size)")
-    last = math.ceil(options.max_context_len / P) - 1
+    last, V = math.ceil(options.max_context_len / P) - 1, 1 + math.ceil((Q - 1) / C)
     with b.in_graph():
-        keys = b.ewise("add", b.ewise("mod", b.ewise("sub", seq_lens, 1), C), 1, name="local_seqused_k")
-        first = b.ewise("floordiv", b.ewise("sub", seq_lens, keys), P)  # the chunk's first page column
-        cols = b.clamp(b.outer("add", first, b.arange(C // P)), 0, last)
-        return {"local_query_start_loc": b.arange("bs + 1", name="local_query_start_loc"), "local_seqused_k": keys,
-                "local_block_table": b.gather_rows(table, b.arange("bs"), cols, name="local_block_table")}
+        first = b.ewise("sub", kv_lens, Q)  # the first query's position
+        off = b.ewise("mod", first, C)  # its place in its chunk
+        start = b.outer("add", b.ewise("sub", first, off), b.arange(V, step=C))  # chunk j's first token, [bs, V]
+        # item j holds the queries at offsets [lo, lo + C) from the first query, lo = jC - off
+        neg_lo = b.outer("sub", off, b.arange(V, step=C))
+        q_end = b.ewise("min", b.ewise("add", b.ewise("mul", neg_lo, -1), C), Q)
+        q = b.ewise("max", b.ewise("sub", q_end, b.ewise("max", b.ewise("mul", neg_lo, -1), 0)), 0)
+        # keys: the chunk's tokens up to its last query (the whole chunk but in the last), none in an empty item
+        keys = b.where(b.compare("gt", q, 0), b.ewise("min", b.ewise("add", neg_lo, Q), C), 0)
+        cols = b.clamp(b.outer("add", b.ewise("floordiv", b.flatten(start), P), b.arange(C // P)), 0, last)
+        rows = b.repeat(b.arange("bs"), V)
+        return {"local_query_start_loc": b.cumsum(b.flatten(q), name="local_query_start_loc"),
+                "local_seqused_k": b.flatten(keys, name="local_seqused_k"),
+                "local_block_table": b.gather_rows(table, rows, cols, name="local_block_table")}
+
+
+def planned_chunks(mode: ForwardMode, options: CompileOptions, C: int) -> None:
+    """Refuses chunked local attention where it is not planned: a tree verify (its drafts' chunks are per branch) and
+    draft extend (a draft model's layers; SGLang's own fa3 builds no chunk for either); a chunk off page bounds."""
+    if not (mode.is_decode() or (mode.is_target_verify() and options.topk <= 1)):
+        what = "target_verify with topk > 1 (a tree)" if mode.is_target_verify() else mode.name.lower()
+        raise OptionsError(f"flashattention: chunked local attention is planned for decode and target_verify at "
+                           f"topk 1, not {what}; SGLang's own fa3 plans no chunk there either: serve it with SGLang's "
+                           f"own fa3, or compile the target with modes decode,idle,target_verify and topk 1")
+    if C % options.page_size:
+        raise OptionsError(f"attention_chunk={C} is not a multiple of the page size {options.page_size}: a chunk "
+                           f"must start on a page (--attention-chunk, --page-size)")
 
 
 def window_pool(b: SpecBuilder, page_table, options: CompileOptions, tokens) -> dict:

@@ -23,11 +23,13 @@ Under EAGLE topk > 1 the window layers verify in one attention per draft query o
 drafts its tree-mask row shows (``swa_spec_metadata``), built in the same recorded kernel, at page size 1 as
 SGLang plans it.
 
-Chunked local attention (Llama 4's iRoPE layers) is served in decode: each request's current chunk is a batch
-item of its own (``local_attn_metadata``), from the same recorded kernel.
+Chunked local attention (Llama 4's iRoPE layers) is served in decode and in EAGLE's target verify at topk 1: each
+chunk a request's queries fall in is a batch item of its own (``local_attn_metadata``; a verify's drafts may run
+into a second chunk), from the same recorded kernel. SGLang's own fa3 builds the verify's chunks in eager steps
+only; its captured verify has none, so there its chunked layers attend the whole prefix.
 
 What it does not serve yet is refused at start with the reason (``unserved``): windows under EAGLE topk > 1 at
-page sizes past 1, prefill-aware windows, chunked local attention under EAGLE, MLA on FA3, the FA4
+page sizes past 1, prefill-aware windows, chunked local attention under EAGLE topk > 1, MLA on FA3, the FA4
 kernels, a translated (unified) KV pool, a sharded KV pool, encoder-decoder models.
 
 FA3's precomputed split schedule (``scheduler_metadata``) is left unset, which FA3's kernel takes as
@@ -93,8 +95,9 @@ class FA3Backend(CompiledModes, _SGLangFA3):
                    "sliding-window attention under EAGLE topk > 1 at page size > 1 (SGLang's own fa3 plans its merged "
                    "window at page size 1 only)"),
                   (getattr(self, "is_prefill_aware_swa", False), "prefill-aware sliding-window attention"),
-                  (self.local_attn_builder is not None and (self.topk > 0 or self.is_draft_runner),
-                   "chunked local attention under EAGLE (SGLang's own fa3 captures it for decode only)"),
+                  (self.local_attn_builder is not None and (self.topk > 1 or self.is_draft_runner),
+                   "chunked local attention under EAGLE topk > 1 or in a draft model (SGLang's own fa3 plans no "
+                   "chunk for a tree verify or a draft step; topk 1 is served)"),
                   (self.use_mla, "MLA models on FlashAttention"),
                   (self.fa_impl_ver != 3, f"FlashAttention {self.fa_impl_ver} (attnmeta_fa3 serves FA3's)"),
                   (self.kv_index_translator.is_translating, "a translated (unified) KV pool"),
@@ -123,10 +126,12 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         if hasattr(m, "local_seqused_k"):  # chunked local attention: each request's current chunk a batch item
             from sglang.srt.layers.attention.local_attention import LocalAttentionMetadata
 
+            chunk = self.attnmeta.compiled.options.of(FlashAttentionOptions).attention_chunk
+            # the longest item's queries: a bound (verify's D queries may split between two chunks), as FA3 needs
             meta.local_attn_metadata = LocalAttentionMetadata(
                 local_query_start_loc=m.local_query_start_loc, local_seqused_k=m.local_seqused_k,
-                local_block_table=m.local_block_table, local_max_query_len=1,
-                local_max_seq_len=self.attnmeta.compiled.options.of(FlashAttentionOptions).attention_chunk)
+                local_block_table=m.local_block_table, local_max_query_len=min(int(m.max_seq_len_q), chunk),
+                local_max_seq_len=chunk)
         if self.attnmeta.compiled.options.window_pool:  # the window layers' pages and write slots, in their pool
             meta.swa_page_table = getattr(m, "swa_page_table", None)  # a tree verify's are its window attention's
             meta.swa_out_cache_loc = m.swa_out_cache_loc

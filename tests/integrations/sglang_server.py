@@ -178,6 +178,12 @@ class Server:
         d = object.__new__(ModelRunner)
         d.__dict__.update(self.runner.__dict__)
         d.is_draft_worker = True
+        if self.chunk:  # the draft model is a plain Llama (Llama 4's EAGLE heads are): no chunked layers
+            import copy
+
+            d.model_config = copy.copy(self.model_config)
+            d.model_config.is_local_attention_model, d.model_config.attention_chunk_size = False, None
+            d.attention_chunk_size = None
         from sglang.srt.model_executor.model_runner import resolve_draft_attention_backend
 
         # its backend as SGLang's runner resolves it: --speculative-draft-attention-backend, else the target's

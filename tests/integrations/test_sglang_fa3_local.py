@@ -6,7 +6,9 @@ also takes as the sliding window: Llama 4's chunked layers are its window layers
 the hybrid memory is off); its FA3 backend then gives those layers each request's current chunk as a batch item of
 its own (``local_attn_metadata``: query indptr, the chunk's keys so far, its pages). Decode and idle, one pool at
 page 1 and SWAKVPool at page 16, eager and replayed through SGLang's decode graph runner: the local fields the
-kernel reads equal SGLang's own, beside every other field; EAGLE on such a model is refused by name."""
+kernel reads equal SGLang's own, beside every other field. EAGLE's target verify at topk 1 (its drafts may run into
+a second chunk): equal to SGLang's own eager verify, whose captured verify has no chunks; topk > 1 is refused by
+name."""
 
 import pytest
 
@@ -17,8 +19,8 @@ import random
 
 from attnmeta.compiler.ir.errors import OptionsError
 from tests import fake_fa3
-from tests.integrations.served_pairs import serve, side_by_side
-from tests.integrations.sglang_server import ROWS, Server
+from tests.integrations.served_pairs import drive, serve, side_by_side
+from tests.integrations.sglang_server import ROWS, Server, verify
 from tests.integrations.test_sglang_fa3_served import eagle, same
 
 C = 64  # tokens: lengths below, at and past a chunk, and past a page
@@ -70,11 +72,70 @@ def test_local_attention_equals_sglangs_own_fa3(page, window_pool):
         assert seen == {True, False} and modes == ["decode"]
 
 
-def test_eagle_on_a_local_attention_model_is_refused():
+def items(m, n: int, P: int) -> list[tuple[int, int, list[int]]]:
+    """The batch items of ``n`` of them (or the first ``n`` requests' of attnmeta's two per request) the kernel reads:
+    (queries, keys, first ceil(keys / P) pages); empty items (no queries, no keys) left out."""
+    cu, keys = m.local_query_start_loc.tolist(), m.local_seqused_k.tolist()
+    out = []
+    for i in range(n):
+        if cu[i + 1] > cu[i]:
+            out.append((cu[i + 1] - cu[i], keys[i], m.local_block_table[i, : -(-keys[i] // P)].tolist()))
+        else:
+            assert keys[i] == 0, ("an empty item has keys", i)
+    return out
+
+
+def verify_lens(rng: random.Random, n: int, hi: int, D: int) -> list[int]:
+    """Prefixes whose drafts start a chunk, fill its end, or run into the next one."""
+    edges = [1, C - D, C - D + 1, C - 2, C - 1, C, 2 * C - 1, hi - 1]
+    return [rng.choice(edges) if rng.random() < 0.6 else rng.randint(1, hi) for _ in range(n)]
+
+
+@pytest.mark.parametrize("page, window_pool", [(1, False), (16, True)], ids=["page1-one-pool", "page16-window-pool"])
+def test_verify_chunks_equal_sglangs_own_eager_verify(page, window_pool):
+    """EAGLE topk 1 on a chunked model: attnmeta's target verify (eager and replayed through SGLang's verify graph
+    runner) gives each chunk a request's drafts fall in as a batch item, equal to what SGLang's own fa3 builds for an
+    eager verify, beside every other field. SGLang's own captured verify carries no chunks at all (its replay
+    leaves ``local_attn_metadata`` unset, so its chunked layers would attend the whole prefix): recorded here."""
     with pytest.MonkeyPatch.context() as mp:
         fake_fa3.into_sglang(mp)
-        with pytest.raises(OptionsError, match="chunked local attention under EAGLE"):
-            Server(["--attention-backend", "attnmeta_fa3", *eagle(1)], seed=1, window=C, chunk=C)
+        s = Server(["--attention-backend", "attnmeta_fa3", "--page-size", str(page), *eagle(1)], seed=9 + page,
+                   window=C, window_pool=window_pool, chunk=C)
+        assert s.backend.has_local_attention and not s.draft_extend.has_local_attention  # the draft is a plain Llama
+        rng, P, D = random.Random(page), s.runner.page_size, s.spec.speculative_num_draft_tokens
+        hi = s.model_config.context_len - D
+        modes, pairs, _ = side_by_side(s, "fa3")
+        ours_r, own_r = pairs["verify"]
+        seen, straddled = set(), 0
+        for step in range(10):
+            replayed = step % 4 != 3
+            n = rng.randint(1, max(s.sizes))
+            rows, seq = rng.sample(range(1, ROWS), n), verify_lens(rng, n, hi, D)
+            with s.active():
+                drive(ours_r, verify(s, rows, seq, random.Random(step)), "verify", n, replayed, bare=step % 5 == 4)
+                drive(own_r, verify(s, rows, seq, random.Random(step)), "verify", n, replayed=False)
+            ours, theirs = ours_r.backend, own_r.backend
+            assert ours._ours is not None
+            what = f"verify page {P} step {step}"
+            same(ours.forward_metadata, theirs.forward_metadata, n, P, what)
+            mine, want = ours.forward_metadata.local_attn_metadata, theirs.forward_metadata.local_attn_metadata
+            want_items = items(want, want.local_seqused_k.numel(), P)
+            assert items(mine, 2 * n, P) == want_items, what
+            assert int(mine.local_max_query_len) >= int(want.local_max_query_len), what  # a bound of FA3's grid
+            straddled += len(want_items) - n
+            seen.add(replayed)
+            if replayed:  # SGLang's own, replayed on the same batch: no chunks
+                with s.active():
+                    drive(own_r, verify(s, rows, seq, random.Random(step)), "verify", n, replayed=True)
+                assert own_r.backend.forward_metadata.local_attn_metadata is None, what
+        assert seen == {True, False} and straddled, (seen, straddled)
+
+
+def test_eagle_topk4_on_a_local_attention_model_is_refused():
+    with pytest.MonkeyPatch.context() as mp:
+        fake_fa3.into_sglang(mp)
+        with pytest.raises(OptionsError, match="chunked local attention under EAGLE topk > 1"):
+            Server(["--attention-backend", "attnmeta_fa3", *eagle(4)], seed=1, window=C, chunk=C)
 
 
 def test_an_artifact_without_the_chunk_is_refused_by_name():
