@@ -78,3 +78,14 @@ def test_fa3_tree_verify_is_compared_with_its_expansion(bench, tmp_path, monkeyp
 
     monkeypatch.setattr(bench.Side, "read", off_by_one)
     assert bench.main(args) == 1
+
+
+def test_pin_runs_the_process_on_one_allowed_cpu(bench):
+    allowed = os.sched_getaffinity(0)
+    try:
+        said = bench.pin("auto")  # no GPU here: the first CPU this process may use
+        assert os.sched_getaffinity(0) == {min(allowed)} and said == f"pinned to CPU {min(allowed)} of {len(allowed)}"
+        with pytest.raises(SystemExit, match="may run on CPUs"):
+            bench.pin(str(max(allowed) + 1000))
+    finally:
+        os.sched_setaffinity(0, allowed)
