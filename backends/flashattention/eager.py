@@ -38,17 +38,18 @@ class EagerFlashAttentionDecode:
             cu_q = torch.nn.functional.pad(torch.cumsum(fb.extend_seq_lens[:bs], 0, dtype=torch.int32), (1, 0))
         out = SimpleNamespace(cache_seqlens_int32=seq.to(torch.int32), cu_seqlens_k=cu_k, cu_seqlens_q=cu_q,
                               page_table=page_table, max_seq_len_q=T, max_seq_len_k=max_k)
-        return self.local(fb, out, T if verify else 1) if self.chunk and not fb.forward_mode.is_draft_extend() else out
+        return self.local(fb, out, extra) if self.chunk and not fb.forward_mode.is_draft_extend() else out
 
-    def local(self, fb, out: SimpleNamespace, queries: int = 1) -> SimpleNamespace:
-        """Chunked local attention, request by request: each chunk a request's last ``queries`` tokens fall in is
+    def local(self, fb, out: SimpleNamespace, drafts: int = 0) -> SimpleNamespace:
+        """Chunked local attention, request by request (a verify's ``drafts`` follow the prefix and are its queries,
+        else the last token is): each chunk a request's queries fall in is
         a batch item, with those of its queries, the chunk's tokens up to its last query as keys, and the pages
         they are on (``local_block_table`` holds only those; the rest of a row is the kernel's to ignore)."""
         bs, P, C = fb.batch_size, self.page_size, self.chunk
-        extra = queries if queries > 1 else 0  # verify: the drafts' keys follow the prefix
+        queries = drafts or 1
         cu, keys, tables = [0], [], []
         for row, n in zip(fb.req_pool_indices[:bs].tolist(), fb.seq_lens_cpu[:bs].tolist(), strict=True):
-            end = n + extra  # one past the last query
+            end = n + drafts  # one past the last query
             pos = end - queries
             while pos < end:
                 start = pos // C * C  # this chunk's first token

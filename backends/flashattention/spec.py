@@ -74,7 +74,7 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
                                   name="page_table")
     win = window_pool(b, page_table, options, f"{T}*bs") if options.window_pool else {}
     if chunk:
-        win |= local_chunks(b, kv_lens, win.get("swa_page_table", page_table), T, mode, options, chunk)
+        win |= local_chunks(b, kv_lens, win.get("swa_page_table", page_table), T, options, chunk)
     with b.out_graph():
         max_q = b.full(T, [], I32, Placement.host, name="max_seq_len_q")
         max_k = b.full(options.max_context_len, [], I32, Placement.host, name="max_seq_len_k")
@@ -83,7 +83,7 @@ def _build(name: str, mode: ForwardMode, options: CompileOptions, strided_extend
     return b.build()
 
 
-def local_chunks(b: SpecBuilder, kv_lens, table, Q: int, mode: ForwardMode, options: CompileOptions, C: int) -> dict:
+def local_chunks(b: SpecBuilder, kv_lens, table, Q: int, options: CompileOptions, C: int) -> dict:
     """Chunked local attention (SGLang's ``LocalAttentionMetadataBuilder``): each request's queries, its last ``Q``
     tokens of ``kv_lens`` keys, attend within fixed chunks of ``C`` tokens, and each chunk a request's queries fall
     in is one batch item. Decode's one query is in one chunk; verify's D queries may run into the next: the queries
@@ -101,8 +101,9 @@ def local_chunks(b: SpecBuilder, kv_lens, table, Q: int, mode: ForwardMode, opti
         start = b.outer("add", b.ewise("sub", first, off), b.arange(V, step=C))  # chunk j's first token, [bs, V]
         # item j holds the queries at offsets [lo, lo + C) from the first query, lo = jC - off
         neg_lo = b.outer("sub", off, b.arange(V, step=C))
-        q_end = b.ewise("min", b.ewise("add", b.ewise("mul", neg_lo, -1), C), Q)
-        q = b.ewise("max", b.ewise("sub", q_end, b.ewise("max", b.ewise("mul", neg_lo, -1), 0)), 0)
+        lo = b.ewise("mul", neg_lo, -1)
+        q_end = b.ewise("min", b.ewise("add", lo, C), Q)
+        q = b.ewise("max", b.ewise("sub", q_end, b.ewise("max", lo, 0)), 0)
         # keys: the chunk's tokens up to its last query (the whole chunk but in the last), none in an empty item
         keys = b.where(b.compare("gt", q, 0), b.ewise("min", b.ewise("add", neg_lo, Q), C), 0)
         cols = b.clamp(b.outer("add", b.ewise("floordiv", b.flatten(start), P), b.arange(C // P)), 0, last)
