@@ -92,10 +92,33 @@ def test_attnmeta_flashinfer_verifies_a_window_model_as_plain_decoding_serves_it
     base, ours, own = results[plain], results[f"attnmeta_{case}"], results[case]
     assert "error" not in ours, ours.get("traceback")
     assert ours["tokens"] == base["tokens"], first_difference(base, ours)
-    assert ours["long_tokens"] == base["long_tokens"]
+    # the long decode: equal, or parted where plain decoding's own two likeliest tokens were a near-tie
+    for i, (a, b) in enumerate(zip(base["long_tokens"], ours["long_tokens"], strict=True)):
+        assert a == b or near_tie(a, b, base["long_top2"][i]), (i, first_difference_at(a, b), base["long_top2"][i])
     assert sum(ours["accepted"]) > 0  # the drafts were verified, not all rejected
     # SGLang's own result is recorded beside it (its verify reads a row's first window slots): not asserted
     print(case, "SGLang's own EAGLE tokens equal plain decoding's:", own.get("tokens") == base["tokens"])
+
+
+# bf16's step at the logits a final soft-cap of 30 allows (16..30): two logits one step apart are a rounding tie
+NEAR_TIE = 0.125
+
+
+def first_difference_at(a: list[int], b: list[int]) -> int | None:
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def near_tie(plain: list[int], spec: list[int], top2: list[list[list]]) -> bool:
+    """Greedy speculative decoding reproduces plain decoding up to rounding: the verify attends through the
+    prefill kernel, plain decoding through the decode kernel. Where the two part, plain decoding's own two
+    likeliest tokens must be the two taken, within ``NEAR_TIE`` of each other (an exact tie too: greedy's argmax
+    and the top-k's order break it differently): a window read wrong moves logits by far more than a rounding
+    step. Past that token the two continue from different text."""
+    k = first_difference_at(plain, spec)
+    if k is None or k >= len(top2) or len(top2[k]) < 2:
+        return False
+    (first, lp1), (second, lp2) = top2[k][:2]
+    return {first, second} == {plain[k], spec[k]} and abs(lp1 - lp2) <= NEAR_TIE
 
 
 def first_difference(own: dict, ours: dict) -> str:
