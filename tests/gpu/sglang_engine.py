@@ -245,10 +245,10 @@ def run(config: str, root: str) -> dict:
         # warm (kernels compiled, graphs captured): a longer decode, timed; its tokens are compared too
         long = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG})
         t3 = time.time()
-        # a window model's long decode again, untimed, with each step's two likeliest tokens: where EAGLE's
-        # tokens part from plain decoding's, they say whether the step was a near-tie (the verify's and the
-        # decode's kernels round differently) or a real difference
-        top2 = [] if not which else engine.generate(
+        # a window model's plain long decode again, untimed, with each step's two likeliest tokens: where
+        # EAGLE's tokens part from it, they say whether the step was a near-tie (the verify's and the decode's
+        # kernels round differently) or a real difference; an EAGLE engine's own are never compared
+        top2 = [] if not which or topk else engine.generate(
             input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG}, return_logprob=True,
             top_logprobs_num=2)
         if PROFILE:
@@ -266,9 +266,10 @@ def run(config: str, root: str) -> dict:
             # EAGLE: verify rounds and drafts accepted per prompt (the draft's metadata decides these)
             "accepted": [o["meta_info"].get("spec_num_correct_drafts") for o in out],
             "verify_rounds": [o["meta_info"].get("spec_verify_ct") for o in out],
-            "long_tokens": [o["output_ids"] for o in long],
-            "long_top2": [[[[int(t), round(float(lp), 4)] for lp, t, *_ in step or []] for step in o["meta_info"].get(
-                "output_top_logprobs", [])] for o in top2], "long_s": round(t3 - t2, 3),
+            "long_tokens": [o["output_ids"] for o in long], "long_s": round(t3 - t2, 3),
+            # per prompt, per step: [[token, logprob], [token, logprob]] (SGLang gives (logprob, token, text))
+            "long_top2": [[[[int(t), round(float(lp), 4)] for lp, t, *_ in step or []]
+                           for step in o["meta_info"].get("output_top_logprobs", [])] for o in top2],
             "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1), "timed": timing, **profile}
 
 

@@ -123,7 +123,7 @@ def near_tie(plain: list[int], spec: list[int], top2: list[list[list]]) -> bool:
 
 def first_difference(own: dict, ours: dict) -> str:
     for i, (a, b) in enumerate(zip(own["tokens"], ours["tokens"], strict=False)):
-        k = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        k = first_difference_at(a, b)
         if k is not None:
             lp = [r.get("logprobs", [[]] * (i + 1))[i][k:k + 1] for r in (own, ours)]
             return f"prompt {i}, token {k}: SGLang's {a[k]} (logprob {lp[0]}), attnmeta's {b[k]} (logprob {lp[1]})"
