@@ -217,9 +217,11 @@ CASES = [
     Case("a sliding window for a backend that plans none (TRT-LLM MHA)",
          lambda: _compiled("trtllm_mha", sliding_window=40), "OptionsError",
          "backend 'trtllm_mha' does not plan sliding-window layers (sliding_window=40)"),
-    Case("a sliding window under a tree verify on FlashInfer (topk 4: its window counts a draft's list index)",
+    Case("a sliding window under a tree verify on FlashInfer with its host planner (topk 4: the window streams' "
+         "lengths come from the tree mask, on the GPU)",
          lambda: _compiled("flashinfer", sliding_window=40, topk=4, num_draft_tokens=6), "OptionsError",
-         "attnmeta's flashinfer spec verifies a sliding-window model's drafts at topk 1 only (got topk 4"),
+         "attnmeta's flashinfer spec verifies a sliding-window model's draft tree (topk 4) with the window wrapper's "
+         "partition planned on the GPU only"),
     Case("chunked local attention off page boundaries (FlashAttention, chunk 24 at page size 16)",
          lambda: _chunked(24, 16), "OptionsError",
          "attention_chunk=24 is not a multiple of the page size 16"),

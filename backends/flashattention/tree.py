@@ -16,13 +16,10 @@ from attnmeta.runtime.metadata import step_prefix
 
 from ..common import decode_inputs, sub_rows, verify_mask
 from ..multistep import headroom
+from ..tree import spread as _spread
+from ..tree import visible_drafts
 
 I32, I64 = DType.int32, DType.int64
-
-
-def _spread(b: SpecBuilder, x, width: int):
-    """``x`` (one value per row) in every column of a ``[rows, width]`` value."""
-    return b.outer("add", x, b.full(0, [width], x.type.dtype))
 
 
 def tree_verify(b: SpecBuilder, options: CompileOptions, seq_lens, rpi, req_to_token) -> Graph:
@@ -47,26 +44,9 @@ def tree_verify(b: SpecBuilder, options: CompileOptions, seq_lens, rpi, req_to_t
         cu_seqlens_k = b.cumsum(seq_lens, name="cu_seqlens_k")
         page_table = b.page_table(req_to_token, rpi, seq_lens, page_size=P, width="W", name="page_table")
         mask = verify_mask(b, D)  # the drafter's tree mask, written into this field before the step
-        mask_indptr = b.cumsum(b.ewise("mul", b.ewise("add", seq_lens, D), D))
-        req, j = sub_rows(b, D)
-        seq = b.lookup(seq_lens, req)
-        rows = b.lookup(rpi, req)
-        # where row r's draft columns start in the flat mask (int64: the mask spans max_bs * D * (L + D))
-        start = b.ewise("add", b.cast(b.ewise("add", b.ewise("mul", j, b.ewise("add", seq, D)), seq), I64),
-                        b.cast(b.lookup(mask_indptr, req), I64))
-        seen = [b.lookup(mask, b.ewise("add", start, c)) for c in range(D)]
-        before, count = [], b.full(0, [f"{D}*bs"], I32)
-        for c in range(D):  # visible columns before c: a visible column's slot among the visible ones
-            before.append(count)
-            count = b.ewise("add", count, b.cast(seen[c], I32))
-        cols = b.arange(D)
-        at = _spread(b, seq, D)  # every entry of the row is overwritten below
-        slots = []
-        for c in range(D):
-            # visible: after the visible ones before it; hidden: after every visible one and the hidden ones before
-            slots.append(b.where(seen[c], before[c], b.ewise("add", b.ewise("sub", count, before[c]), c)))
-            at = b.where(b.outer("eq", slots[c], cols), _spread(b, b.ewise("add", seq, c), D), at)
-        expand_page_table = b.gather_rows(req_to_token, rows, at, name="expand_page_table")
+        t = visible_drafts(b, D, seq_lens, rpi, mask)
+        rows, seq, seen, slots, count = t.rows, t.seq, t.seen, t.slots, t.count
+        expand_page_table = b.gather_rows(req_to_token, rows, t.columns, name="expand_page_table")
         expand_lens = b.copy(count, name="expand_cache_seqlens_int32")
         expand_cu_k = b.cumsum(count, name="expand_cu_seqlens_k")
         expand_cu_q = b.arange(f"{D}*bs + 1", name="expand_cu_seqlens_q")

@@ -76,7 +76,33 @@ class EagerFlashInferDecode:
             kv_indptr=kv_indptr, kv_indices=kv_indices,
             mask_indptr=torch.nn.functional.pad(torch.cumsum(kv_lens * D, 0, dtype=torch.int32), (1, 0)),
             kv_last_page_len=self.kv_last_page_len[:bs], kv_indptr_host=host)
+        if self.window and getattr(fb, "custom_mask", None) is not None:
+            return self.tree_window_of(fb, out)
         return self.window_of(fb, out, D) if self.window else out
+
+    def tree_window_of(self, fb, out: SimpleNamespace) -> SimpleNamespace:
+        """``out`` with a tree verify's window stream (topk > 1), draft query by draft query: the last min(seq, W)
+        cached slots, then the slots of the drafts its row of the engine's tree mask shows, in draft order;
+        translated into the window pool where there is one."""
+        bs, D = fb.batch_size, self.D
+        seqs, rows = fb.seq_lens_cpu[:bs].tolist(), fb.req_pool_indices[:bs].tolist()
+        mask, at, parts, lens = fb.custom_mask.cpu(), 0, [], []
+        for r, s in zip(rows, seqs, strict=True):
+            tree = mask[at: at + D * (s + D)].view(D, s + D)[:, s:]
+            at += D * (s + D)
+            for j in range(D):
+                shown = [s + c for c in range(D) if tree[j, c]]
+                parts.append(self.req_to_token[r, [*range(s - min(s, self.window), s), *shown]].long())
+                lens.append(len(parts[-1]))
+        idx = torch.cat(parts)
+        if self.full_to_swa is not None:
+            idx = self.full_to_swa[idx]
+            out.swa_out_cache_loc = self.full_to_swa[fb.out_cache_loc[: bs * D].long()]
+        dev = self.req_to_token.device
+        out.window_kv_indptr = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
+        out.window_kv_indices = idx
+        out.window_qo_indptr = torch.arange(bs * D + 1, dtype=torch.int32, device=dev)
+        return out
 
     def draft_extend(self, fb) -> SimpleNamespace:
         bs = fb.batch_size

@@ -30,6 +30,7 @@ from ..common import (
     verify_mask,
     window_stream,
 )
+from ..tree import visible_drafts
 
 I32, I64 = DType.int32, DType.int64
 
@@ -48,13 +49,14 @@ def build(mode: ForwardMode, options: CompileOptions) -> Graph:
     if options.sliding_window and mode is ForwardMode.EXTEND:
         raise OptionsError("attnmeta's flashinfer spec plans sliding-window layers for decode, target verify and "
                            "draft extend, not extend (prefill runs SGLang's own wrappers)")
-    if options.sliding_window and mode.is_target_verify() and options.topk > 1:
-        # FlashInfer's window counts back from a query's place in its request's list, which is a tree draft's depth
-        # only along a chain: with topk > 1 it would cut keys a draft must see
-        raise OptionsError(f"attnmeta's flashinfer spec verifies a sliding-window model's drafts at topk 1 only "
-                           f"(got topk {options.topk}: FlashInfer's window_left counts from a draft's list index, "
-                           f"not its tree depth); use --speculative-eagle-topk 1, or --attention-backend "
-                           f"attnmeta_triton or attnmeta_fa3")
+    if options.sliding_window and mode.is_target_verify() and options.topk > 1 and \
+            not options.of(FlashInferOptions).plan_on_device:
+        # each draft query's window stream holds the drafts its tree-mask row shows: lengths only the GPU knows
+        raise OptionsError(f"attnmeta's flashinfer spec verifies a sliding-window model's draft tree (topk "
+                           f"{options.topk}) with the window wrapper's partition planned on the GPU only: its "
+                           "streams' lengths come from the tree mask, which the host never sees; compile with "
+                           "backend=FlashInferOptions(plan_on_device=True) (SGLang: leave ATTNMETA_PLANNER unset), "
+                           "or use --speculative-eagle-topk 1")
     b = SpecBuilder(f"flashinfer.{mode.name.lower()}")
     room = verify_headroom(mode, options)
     seq_lens, rpi, req_to_token = decode_inputs(b, room)
@@ -131,6 +133,46 @@ def _prefill_window(b: SpecBuilder, keys, keys_cpu, rpi, req_to_token, options: 
     return win | host
 
 
+def _tree_window(b: SpecBuilder, seq_lens, rpi, req_to_token, options: CompileOptions, mask) -> dict:
+    """The window layers' prefill wrapper of a tree verify (topk > 1): one batch item per draft query, r = i * D + j,
+    its keys the last min(seq_i, SW) cached ones followed by the drafts its tree-mask row shows (``visible_drafts``:
+    its ancestors and itself, in draft order), planned causal with FlashInfer's ``window_left`` SW as the engine's
+    forward passes it. A query is its item's last key, so FlashInfer's window keeps the item's last SW + 1 keys:
+    the d + 1 drafts a query at depth d sees and the SW - d cached keys before it, exactly its window. (One item per
+    request, as at topk 1, would count each query's window from its list index, not its depth.) The item's stream
+    is two gathers added: the cached keys' slots (zero past them) and the visible drafts' (zero before them); the
+    window pool's slots where there is one, with the D write slots per request."""
+    D, SW = options.num_draft_tokens, options.sliding_window
+    Z = f"{D}*bs"
+    out = {}
+    with b.in_graph():
+        t = visible_drafts(b, D, seq_lens, rpi, mask)
+        keep = b.ewise("min", t.seq, SW)
+        lens = b.ewise("add", keep, t.count, name="window_kv_lens")
+        indptr = out["window_kv_indptr"] = b.cumsum(lens, name="window_kv_indptr")
+        zero, cap = b.full(0, [Z], I32), f"max_bs*{D}*(SW+{D})"
+        past = b.full(1 << 30, [Z], I32)  # columns no row has: entries past the cached keys read nothing (0)
+        cached = b.ragged_gather(req_to_token, t.rows, lens, indptr, capacity=cap,
+                                 jump=(zero, b.ewise("sub", t.seq, keep), keep, past))
+        drafts = b.gather_rows(req_to_token, t.rows, t.columns)  # [D*bs, D]: the visible drafts' slots first
+        shown = b.ragged_gather(drafts, b.arange(Z), lens, indptr, capacity=cap,
+                                jump=(zero, b.ewise("sub", zero, keep)))
+        idx = b.ewise("add", cached, shown, name="window_kv_full" if options.window_pool else "window_kv_indices")
+        if options.window_pool:
+            full_to_swa = b.pool("full_to_swa", DType.int64, ["N"])
+            out_loc = b.input("out_cache_loc", DType.int64, [Z], fill=0, kind=Kind.slot)
+            idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
+            out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
+        out["window_kv_indices"] = idx
+        out["window_qo_indptr"] = qo = b.arange(f"{Z} + 1", name="window_qo_indptr")
+        last = out["window_kv_last_page_len"] = b.full(1, [Z], I32, name="window_kv_last_page_len")
+    with b.out_graph():
+        qo_host = b.arange(f"{Z} + 1", placement=Placement.host, name="window_qo_indptr_host")
+    out["plan_window"], _ = _prefill_plan(b, qo_host, None, True, dict(
+        qo_indptr=qo, kv_indptr=indptr, kv_indices=idx, kv_last_page_len=last), name="plan_window")
+    return out
+
+
 def verify(b: SpecBuilder, seq_lens, seq_lens_cpu, rpi, req_to_token, options: CompileOptions) -> Graph:
     """Target verify (EAGLE): D query tokens per request over the prefix plus the D drafts; the
     tree-mask rows of request i start at mask_indptr[i]. plan() gets host indptrs computed from
@@ -150,7 +192,11 @@ def verify(b: SpecBuilder, seq_lens, seq_lens_cpu, rpi, req_to_token, options: C
     plan, host = _prefill_plan(b, qo_host, kv_lens_cpu, on_device, dict(
         qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_last_page_len=last_page_len,
         custom_mask=custom_mask))
-    win = _prefill_window(b, kv_lens, kv_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host, last_page_len)
+    if options.sliding_window and options.topk > 1:
+        win = _tree_window(b, seq_lens, rpi, req_to_token, options, custom_mask)
+    else:
+        win = _prefill_window(b, kv_lens, kv_lens_cpu, rpi, req_to_token, options, qo_indptr, qo_host,
+                              last_page_len)
     b.outputs(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, mask_indptr=mask_indptr,
               custom_mask=custom_mask, kv_last_page_len=last_page_len, plan=plan, ragged=_ragged(win), **host, **win)
     return b.build()

@@ -85,3 +85,82 @@ def test_window_wrapper_attends_each_query_to_its_window(mode, planner):
         for i in (i for i, n in enumerate(lens) if n > 2 * W):
             a, b = got[i * D: (i + 1) * D], full[i * D: (i + 1) * D]
             assert float((a - b).norm() / b.norm()) > 0.1, (step, i, lens[i], "no window applied")
+
+
+def tree_masks(lens: list[int], g: random.Random) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per request a random draft tree (each draft's parent an earlier draft, draft 0 the root): the mask EAGLE
+    writes (D rows of seq + D, every cached key and the draft's ancestors and itself) and, for the oracle, the
+    same rows with each draft's window applied: a draft at depth d (its position seq + d) sees the cached keys from
+    seq + d - W on."""
+    plain, windowed = [], []
+    for s in lens:
+        parents = [-1] + [g.randrange(c) for c in range(1, D)]
+        m = torch.zeros(D, s + D, dtype=torch.bool)
+        m[:, :s] = True
+        w = m.clone()
+        for c in range(D):
+            chain, p = [], c
+            while p >= 0:
+                chain.append(p)
+                p = parents[p]
+            m[c, [s + x for x in chain]] = True
+            w[c, [s + x for x in chain]] = True
+            w[c, : max(s + len(chain) - 1 - W, 0)] = False
+        plain.append(m.flatten())
+        windowed.append(w.flatten())
+    return plain, windowed
+
+
+def test_tree_verify_window_wrapper_attends_each_draft_to_its_window():
+    """EAGLE topk > 1: the window wrapper's one item per draft query (its last min(seq, W) cached keys and the
+    drafts its tree-mask row shows), planned on the GPU, captured and replayed with SGLang's forward of a window
+    layer, against fp32 attention under the tree mask with each draft's own window (by its depth, from the tree)."""
+    dev = torch.device("cuda")
+    pool = make_pool(ROWS, L, seed=6, device=dev)
+    cb = compile_backend("flashinfer", CompileOptions(
+        max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=("target_verify",), num_draft_tokens=D,
+        topk=2, num_steps=3, sliding_window=W, backend=FlashInferOptions(plan_on_device=True)))
+    be = cb.instantiate(pool, device=dev)
+    FlashInferDecodeAdapter(be, H, HKV, HD, planner="device")
+    k, v, kv = token_kv_cache(ROWS * L + 1, HKV, HD, 7, dev)
+    g, rng = torch.Generator().manual_seed(8), random.Random(3)
+    qbuf = torch.zeros(MAX_BS * D, H, HD, dtype=torch.bfloat16, device=dev)
+    obuf = torch.zeros_like(qbuf)
+    mode = ForwardMode.TARGET_VERIFY
+    graphs, windows = {}, {}
+    for bs in sorted(SIZES, reverse=True):
+        fb = batch(mode, [D + 1] * bs, [0] * bs, dev)
+        be.init_forward_metadata_out_graph(fb, in_capture=True)
+        windows[bs] = w = be.forward_metadata.plan_window
+        be.init_forward_metadata_in_graph(fb)
+        obuf[: bs * D] = w.forward(qbuf[: bs * D], kv, causal=True, window_left=W)
+        torch.cuda.synchronize()
+        graphs[bs] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[bs]):
+            be.init_forward_metadata_in_graph(fb)
+            obuf[: bs * D] = w.forward(qbuf[: bs * D], kv, causal=True, window_left=W)
+    for step in range(10):
+        raw = rng.randint(1, MAX_BS)
+        bs = min(s for s in SIZES if s >= raw)
+        lens = [rng.choice([1, D, W - 1, W, W + 1, W + D, 2 * W, L - D]) if rng.random() < 0.5
+                else rng.randint(1, L - D) for _ in range(raw)]
+        rows = rng.sample(range(1, ROWS), raw)
+        plain, windowed = tree_masks(lens, rng)
+        mask = torch.cat(plain)
+        be.bound(mode, bs).field("custom_mask")[: mask.numel()].copy_(mask.to(dev))  # the drafter writes it
+        be.init_forward_metadata_out_graph(ReplayView.of(batch(mode, lens, rows, dev), bs))
+        q = torch.randn(raw * D, H, HD, generator=g).to(dev).bfloat16()
+        qbuf[: raw * D] = q
+        qbuf[raw * D: bs * D] = 0
+        graphs[bs].replay()
+        torch.cuda.synchronize()
+        want = masked_attention_from_pool(q, k, v, pool, rows, lens, D, D, masks=[x.to(dev) for x in windowed])
+        got = obuf[: raw * D].float()
+        rel = float((got - want).norm() / want.norm())
+        assert rel < 1e-2, (step, raw, bs, rel)
+        # the window is in force: under the tree mask alone a request longer than it reads far other values
+        full = masked_attention_from_pool(q, k, v, pool, rows, lens, D, D, masks=[x.to(dev) for x in plain])
+        for i in (i for i, n in enumerate(lens) if n > 2 * W):
+            a, b = got[i * D: (i + 1) * D], full[i * D: (i + 1) * D]
+            assert float((a - b).norm() / b.norm()) > 0.1, (step, i, lens[i], "no window applied")
+        assert windows[bs]._window_left == W

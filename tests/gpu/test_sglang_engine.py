@@ -36,10 +36,10 @@ CASES += [f"{kind}:{page}@gemma" for kind, page in (("flashinfer", 1), ("flashin
 # (attnmeta's triton drafter at topk 1 and 4, its FA3 drafter; FA3's window under topk 4 is planned at page 1)
 CASES += ["triton:1:1@window", "triton:16:4@window", "fa3:1:4@window", "fa3:16:1@window"]
 WANTED = [c for c in os.environ.get("ATTNMETA_ENGINE_CASES", "").split(",") if c] or CASES
-# EAGLE on the FlashInfer window model (topk 1; the drafter is triton's, FlashInfer's has no window form): SGLang's
-# own plans its verify window over a row's first slots, so attnmeta's is checked against plain decoding instead,
-# which greedy speculative decoding must reproduce
-LOSSLESS_CASES = ("flashinfer:1:1@gemma", "flashinfer:16:1@gemma")
+# EAGLE on the FlashInfer window model (topk 1 and 4; the drafter is triton's, FlashInfer's has no window form):
+# SGLang's own plans its verify window over a row's first slots, so attnmeta's is checked against plain decoding
+# instead, which greedy speculative decoding must reproduce
+LOSSLESS_CASES = ("flashinfer:1:1@gemma", "flashinfer:16:1@gemma", "flashinfer:1:4@gemma")
 LOSSLESS = [c for c in LOSSLESS_CASES if not os.environ.get("ATTNMETA_ENGINE_CASES") or c in WANTED]
 WANTED = [c for c in WANTED if c not in LOSSLESS_CASES]
 

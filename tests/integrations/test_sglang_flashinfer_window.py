@@ -193,17 +193,74 @@ def test_eagle_verify_and_draft_extend_window_wrappers(page, window_pool):
 
 def test_what_eagle_on_a_flashinfer_window_model_cannot_have_is_refused_with_the_way_out():
     """SGLang's FlashInfer drafter has no window form (SGLang 0.5.23's own asserts one wrapper per step), so the
-    draft is named the way out; a tree verify (topk > 1) names topk 1 and the kinds that serve it."""
+    draft is named the way out; a tree verify (topk > 1) with FlashInfer's host planner names the device planner
+    and topk 1."""
     with pytest.MonkeyPatch.context() as mp:
         fake_flashinfer.into_sglang(mp)
         with pytest.raises(OptionsError, match="no sliding-window form.*--speculative-draft-attention-backend "
                                                "attnmeta_triton"):
             Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "1",
                     "--speculative-num-draft-tokens", "4"], seed=1, window=W, window_pool=False)
-        with pytest.raises(OptionsError, match="topk 1 only.*attnmeta_triton or attnmeta_fa3"):
+        mp.setenv("ATTNMETA_PLANNER", "host")  # a tree verify's window streams have lengths only the GPU knows
+        with pytest.raises(OptionsError, match="plan_on_device=True.*ATTNMETA_PLANNER unset.*topk 1"):
             Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "4",
-                    "--speculative-num-draft-tokens", "6", "--speculative-draft-attention-backend", "attnmeta_triton"],
+                    "--speculative-num-draft-tokens", "6", "--speculative-draft-attention-backend", "triton"],
                    seed=1, window=W, window_pool=False)
+
+
+@pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
+def test_tree_verify_window_wrapper(window_pool):
+    """EAGLE topk 4 on a window model: attnmeta_flashinfer's verify plans the window layers' wrapper with one item
+    per draft query (SGLang's tree mask, as its worker writes it, read in the graph): the last min(seq, W) cached
+    slots of the request's row, then the slots of the drafts the query's mask row shows, causal with FlashInfer's
+    window_left W and no mask; the full layers' wrapper as without a window (every key, the tree mask). Checked
+    against the request rows and SGLang's mask, eager and replayed through SGLang's verify graph runner; with a
+    window pool, translated, with the drafts' write slots."""
+    from tests.integrations.served_pairs import drive
+    from tests.integrations.sglang_server import verify
+
+    with pytest.MonkeyPatch.context() as mp:
+        fake_flashinfer.into_sglang(mp)
+        s = Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "4",
+                    "--speculative-num-draft-tokens", "6", "--speculative-draft-attention-backend", "triton"],
+                   seed=5, window=W, window_pool=window_pool)
+        D, r2t = s.spec.speculative_num_draft_tokens, s.runner.req_to_token_pool.req_to_token
+        f2s = s.runner.token_to_kv_pool.full_to_swa_index_mapping if window_pool else None
+        run = Runners(s, s.backend, "fi", D)
+        with s.active():
+            run.capture(lambda bs: verify(s, [0] * bs, [run.fill] * bs, random.Random(bs)), "verify")
+        rng, L, seen = random.Random(7 + window_pool), s.model_config.context_len, set()
+        for step in range(8):
+            replayed = step % 3 != 2
+            n = rng.randint(1, max(s.sizes))
+            rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - D)
+            loc = torch.tensor(rng.sample(range(1, s.slots), n * D))
+            with s.active():
+                fb = writing(s, verify(s, rows, seq, random.Random(step)), loc)
+                drive(run, fb, "verify", n, replayed)
+            seen.add(replayed)
+            m, sm = s.backend.attnmeta.forward_metadata, s.backend.forward_metadata
+            assert sm.prefill_wrappers == [m.plan_window, m.plan]
+            w = m.plan_window
+            assert (w._window_left, w._causal, w._custom_mask_buf) == (W, True, None)
+            assert w._qo_indptr_buf[: n * D + 1].tolist() == list(range(n * D + 1))  # one query per item
+            mask, at, want, keys = fb.spec_info.custom_mask.cpu(), 0, [], []
+            for row, q in zip(rows, seq, strict=True):
+                shown = mask[at: at + D * (q + D)].view(D, q + D)[:, q:]
+                at += D * (q + D)
+                for j in range(D):
+                    cols = [*range(q - min(q, W), q), *(q + c for c in range(D) if shown[j, c])]
+                    want.append(r2t[row, cols].long())
+                    keys.append(len(cols))
+            want = torch.cat(want)
+            want = f2s[want] if window_pool else want
+            assert m.window_kv_indptr[1: n * D + 1].tolist() == list(itertools.accumulate(keys)), step
+            assert torch.equal(m.window_kv_indices[: sum(keys)].long(), want), (step, replayed)
+            full = torch.cat([r2t[row, : q + D].long() for row, q in zip(rows, seq, strict=True)])
+            assert torch.equal(m.kv_indices[: full.numel()].long(), full)
+            if window_pool:
+                assert torch.equal(sm.swa_out_cache_loc[: n * D].long(), f2s[loc].long()), step
+        assert seen == {True, False}
 
 
 def test_sglangs_own_flashinfer_verify_window_reads_a_rows_first_slots():
