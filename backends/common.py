@@ -92,10 +92,17 @@ def window_stream(b: SpecBuilder, keys: V, rpi: V, req_to_token: V, options, pas
         idx = b.ragged_gather(req_to_token, rpi, lens, indptr, capacity=f"max_bs*(SW+{past})",
                               jump=(b.full(0, ["bs"], DType.int32), start),
                               name="window_kv_full" if options.window_pool else "window_kv_indices")
-        if options.window_pool:
-            full_to_swa = b.pool("full_to_swa", DType.int64, ["N"])
-            out_loc = b.input("out_cache_loc", DType.int64, [tokens], fill=0, kind=Kind.slot)
-            idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
-            out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
-        out["window_kv_indices"] = idx
+        out |= window_slots(b, idx, options, tokens)
     return out
+
+
+def window_slots(b: SpecBuilder, idx: V, options, tokens: str) -> dict:
+    """A window stream's ``window_kv_indices`` from its full-pool slots ``idx``: with ``window_pool``, the window
+    pool's slots through the engine's ``full_to_swa`` table, and the step's ``tokens`` write slots translated
+    (``swa_out_cache_loc``); else ``idx`` itself. Inside ``b.in_graph()``."""
+    if not options.window_pool:
+        return {"window_kv_indices": idx}
+    full_to_swa = b.pool("full_to_swa", DType.int64, ["N"])
+    out_loc = b.input("out_cache_loc", DType.int64, [tokens], fill=0, kind=Kind.slot)
+    return {"window_kv_indices": b.lookup(full_to_swa, idx, name="window_kv_indices"),
+            "swa_out_cache_loc": b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")}

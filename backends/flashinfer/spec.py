@@ -28,6 +28,7 @@ from ..common import (
     prefix_lens,
     verify_headroom,
     verify_mask,
+    window_slots,
     window_stream,
 )
 from ..tree import visible_drafts
@@ -158,12 +159,8 @@ def _tree_window(b: SpecBuilder, seq_lens, rpi, req_to_token, options: CompileOp
         shown = b.ragged_gather(drafts, b.arange(Z), lens, indptr, capacity=cap,
                                 jump=(zero, b.ewise("sub", zero, keep)))
         idx = b.ewise("add", cached, shown, name="window_kv_full" if options.window_pool else "window_kv_indices")
-        if options.window_pool:
-            full_to_swa = b.pool("full_to_swa", DType.int64, ["N"])
-            out_loc = b.input("out_cache_loc", DType.int64, [Z], fill=0, kind=Kind.slot)
-            idx = b.lookup(full_to_swa, idx, name="window_kv_indices")
-            out["swa_out_cache_loc"] = b.lookup(full_to_swa, out_loc, name="swa_out_cache_loc")
-        out["window_kv_indices"] = idx
+        out |= window_slots(b, idx, options, Z)
+        idx = out["window_kv_indices"]
         out["window_qo_indptr"] = qo = b.arange(f"{Z} + 1", name="window_qo_indptr")
         last = out["window_kv_last_page_len"] = b.full(1, [Z], I32, name="window_kv_last_page_len")
     with b.out_graph():
