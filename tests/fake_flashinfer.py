@@ -58,7 +58,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
                  paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None, backend="fa2", custom_mask_buf=None,
                  mask_indptr_buf=None):
         assert backend == "fa2"
-        if not use_cuda_graph:  # an engine's own eager wrapper: never planned here
+        self._eager = not use_cuda_graph
+        if self._eager:  # an engine's own eager wrapper (prefill): its plan is recorded, nothing more
             return
         self._backend, self._jit_module = backend, None
         self._qo_indptr_buf, self._paged_kv_indptr_buf = qo_indptr_buf, paged_kv_indptr_buf
@@ -66,15 +67,20 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         self._int_workspace_buffer = torch.zeros(WS, dtype=torch.uint8)
 
     def plan(self, qo, kv, indices, last_page_len, hq, hkv, d, page_size, packed_custom_mask=None, causal=False,
-             q_data_type=None, kv_data_type=None, window_left=-1):
+             q_data_type=None, kv_data_type=None, window_left=-1, **kwargs):
         # FlashInfer picks the kernel by these at plan (a window compiled in only where window_left >= 0; the tree
         # mask where the wrapper has a mask buffer): kept for tests to read
         self._causal, self._window_left = causal, window_left
+        if self._eager:
+            self.planned = (qo.clone(), kv.clone(), indices.clone())
+            return
         info, buf, _ = oracle.prefill_plan(qo.tolist(), kv.tolist(), SMS, (hq, hkv), d, page_size, WS,
                                            min_chunk=_min_chunk(self.bug), window_left=window_left)
         self._qo_indptr_buf.copy_(qo)
         self._paged_kv_indptr_buf.copy_(kv)
         self._write(info, buf)
+
+    begin_forward = plan  # FlashInfer's older name, which SGLang's prefill path calls
 
 
 class _MLAModule:
@@ -125,10 +131,15 @@ class BatchMLAPagedAttentionWrapper:
 
 
 class BatchPrefillWithRaggedKVCacheWrapper:
-    """An engine's own ragged prefill wrapper (SGLang builds one at start): never planned here."""
+    """An engine's own ragged prefill wrapper (SGLang builds one at start): its plan is recorded, nothing more."""
 
     def __init__(self, workspace, layout, backend="auto"):
         pass
+
+    def plan(self, qo_indptr, kv_indptr, *args, **kwargs):
+        self.planned = (qo_indptr.clone(), kv_indptr.clone())
+
+    begin_forward = plan
 
 
 def fast_decode_plan(*args, **kwargs):

@@ -1,7 +1,7 @@
 """The engine test's one allowance (``tests/gpu/test_sglang_engine.py``'s ``near_tie``): EAGLE on the FlashInfer
-window model may part from plain decoding only where plain decoding's own two likeliest tokens were the two
-taken and within one bf16 logit step of each other. Hand cases: a tie either way, a gap past the step, a third
-token, a difference where no step record exists."""
+window model may part from plain decoding only where both tokens taken are among plain decoding's recorded likeliest,
+each within one bf16 logit step of the likeliest. Hand cases: a tie either way, a gap past the step, a three-way
+tie, a token outside the record, a difference where no step record exists."""
 
 from tests.gpu.test_sglang_engine import NEAR_TIE, near_tie
 
@@ -22,9 +22,19 @@ def test_a_gap_past_one_bf16_step_is_a_real_difference():
     assert near_tie(PLAIN, [5, 8, 1], top2)
 
 
-def test_a_token_outside_plain_decodings_two_likeliest_is_a_real_difference():
+def test_a_token_outside_plain_decodings_record_is_a_real_difference():
     top2 = [[[5, -0.1], [6, -0.1]], [[7, -0.2], [8, -2.5]]]
     assert not near_tie(PLAIN, [3, 7], top2)
+
+
+def test_a_third_token_within_one_step_of_the_likeliest_is_a_tie_and_past_it_is_not():
+    top = [[[5, -2.10], [6, -2.20], [3, -2.22], [4, -2.40]]]
+    assert near_tie(PLAIN, [3], top)  # three tokens within one rounding step: any of them may be taken
+    assert not near_tie(PLAIN, [4], top)  # recorded, but 0.3 below the likeliest
+    top[0] = [[6, -2.10], [5, -2.20], [3, -2.22]]
+    assert near_tie(PLAIN, [3], top)  # plain itself took the second listed (a tie the other way)
+    top[0] = [[6, -2.00], [5, -2.20], [3, -2.22]]
+    assert not near_tie(PLAIN, [3], top)  # plain's own token is past one step from the likeliest: not a tie
 
 
 def test_equal_tokens_or_no_record_of_the_step_are_not_a_near_tie():

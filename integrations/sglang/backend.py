@@ -242,6 +242,13 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
         self.num_head, self.num_kv_head = rank_heads(model_runner)
         self.head_dim = mc.head_dim
         window, pools = sliding_window(self, model_runner.sliding_window_size)
+        if window["sliding_window"]:
+            # prefills stay SGLang's code, whose ragged path drops the window: a prefill with nothing cached runs
+            # its ragged wrapper without window_left (every prompt token attended), one with a cached prefix
+            # counts the cached part's window from the new tokens' count, not their positions. Its paged path
+            # passes the window as decode does, so a window model's prefills take it (SGLang's own switch,
+            # SGLANG_FLASHINFER_USE_PAGED; docs/SGLANG.md)
+            self.use_paged = True
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
                                   backend=FlashInferOptions(plan_on_device=device_planned(planner)), **window)
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device, **pools)

@@ -41,6 +41,7 @@ DRAFT = {**LLAMA, "architectures": ["LlamaForCausalLMEagle"]}
 PROMPTS = [[(7 * i + 3 * j) % 1000 + 1 for j in range(n)] for i, n in enumerate((5, 17, 33, 64, 130, 9))]
 NEW_TOKENS = 24
 LONG = 128  # the timed second request: decode steps dominate it
+TOP = 5  # likeliest tokens recorded per step of a window model's plain long decode (the near-tie record)
 # timing (tools/h200_verify.sh enginetime-a, -b): batch sizes of the timed decodes (the prompts repeated; captured
 # graphs cover them) and how many times each is timed after a warm one; the default is the correctness run's
 BATCHES = [int(x) for x in os.environ.get("ATTNMETA_ENGINE_BATCHES", "").split(",") if x]
@@ -235,6 +236,12 @@ def run(config: str, root: str) -> dict:
                    speculative_num_draft_tokens=4 if int(topk[0]) == 1 else 6)
         if which and backend.endswith("flashinfer"):  # FlashInfer's drafter has no window form (SGLang's asserts)
             kw["speculative_draft_attention_backend"] = backend.replace("flashinfer", "triton")
+    # SGLang's own FlashInfer prefills a window model on its ragged path, which drops the window (attnmeta's
+    # routes them to the paged one: integrations/sglang/backend.py); its own switch to the paged path, set for its
+    # engine here, makes it the oracle of a correct prefill (the scheduler's processes read it at start)
+    os.environ.pop("SGLANG_FLASHINFER_USE_PAGED", None)
+    if which and backend == "flashinfer":
+        os.environ["SGLANG_FLASHINFER_USE_PAGED"] = "1"
     t0 = time.time()
     engine = sglang.Engine(**kw)
     t1 = time.time()
@@ -245,12 +252,12 @@ def run(config: str, root: str) -> dict:
         # warm (kernels compiled, graphs captured): a longer decode, timed; its tokens are compared too
         long = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG})
         t3 = time.time()
-        # a window model's plain long decode again, untimed, with each step's two likeliest tokens: where
+        # a window model's plain long decode again, untimed, with each step's TOP likeliest tokens: where
         # EAGLE's tokens part from it, they say whether the step was a near-tie (the verify's and the decode's
         # kernels round differently) or a real difference; an EAGLE engine's own are never compared
-        top2 = [] if not which or topk else engine.generate(
+        top = [] if not which or topk else engine.generate(
             input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": LONG}, return_logprob=True,
-            top_logprobs_num=2)
+            top_logprobs_num=TOP)
         if PROFILE:
             engine_profile.mark(PROFILE)
         timing = {str(b): timed(engine, b) for b in BATCHES}
@@ -267,9 +274,9 @@ def run(config: str, root: str) -> dict:
             "accepted": [o["meta_info"].get("spec_num_correct_drafts") for o in out],
             "verify_rounds": [o["meta_info"].get("spec_verify_ct") for o in out],
             "long_tokens": [o["output_ids"] for o in long], "long_s": round(t3 - t2, 3),
-            # per prompt, per step: [[token, logprob], [token, logprob]] (SGLang gives (logprob, token, text))
-            "long_top2": [[[[int(t), round(float(lp), 4)] for lp, t, *_ in step or []]
-                           for step in o["meta_info"].get("output_top_logprobs", [])] for o in top2],
+            # per prompt, per step: [[token, logprob], ...] likeliest first (SGLang gives (logprob, token, text))
+            "long_top": [[[[int(t), round(float(lp), 4)] for lp, t, *_ in step or []]
+                          for step in o["meta_info"].get("output_top_logprobs", [])] for o in top],
             "long_tok_per_s": round(LONG * len(PROMPTS) / (t3 - t2), 1), "timed": timing, **profile}
 
 

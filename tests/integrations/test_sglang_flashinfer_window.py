@@ -208,6 +208,86 @@ def test_what_eagle_on_a_flashinfer_window_model_cannot_have_is_refused_with_the
                    seed=1, window=W, window_pool=False)
 
 
+@pytest.mark.parametrize("window", [W, 0], ids=["window", "no-window"])
+def test_a_window_models_prefills_take_sglangs_windowed_paged_path(window):
+    """Prefills stay SGLang's FlashInfer code; on a window model its ragged path drops the window (a prefill with
+    nothing cached attends to every prompt token: measured in SGLang's engine, docs/SGLANG.md), so
+    attnmeta_flashinfer sends them down SGLang's paged path, which plans the window layers' wrapper over the last
+    W + new keys and passes window_left. SGLang's own class on the same runner takes the ragged path; without a
+    window attnmeta's does too (nothing changes)."""
+    from tests.integrations.sglang_server import prefill
+
+    with pytest.MonkeyPatch.context() as mp:
+        fake_flashinfer.into_sglang(mp)
+        s = Server(["--attention-backend", "attnmeta_flashinfer", "--page-size", "1"], seed=3, window=window)
+        own = s.own("flashinfer")
+        rows, prefix, new = [3, 5, 8], [0, 0, 2 * max(window, 1)], [3 * max(window, 1), 7, 5]
+        for mixed in (False, True):
+            with s.active():
+                s.backend.init_forward_metadata(prefill(s, rows, prefix, new, mixed))
+                own.init_forward_metadata(prefill(s, rows, prefix, new, mixed))
+            assert s.backend._ours is None  # SGLang's own code planned it
+            assert own.forward_metadata.use_ragged
+            assert s.backend.forward_metadata.use_ragged is not bool(window)
+            if window:  # the window layers' wrapper (index 0): each request's last W + new keys, the new its queries
+                qo, kv, _ = s.backend.forward_metadata.prefill_wrappers[0].planned
+                seq = [p + e for p, e in zip(prefix, new, strict=True)]
+                assert kv.diff().tolist() == [min(q, window + e) for q, e in zip(seq, new, strict=True)]
+                assert qo.diff().tolist() == new
+
+
+def tree_server(window_pool: bool, seed: int) -> tuple[Server, Runners]:
+    """attnmeta_flashinfer under EAGLE topk 4 on the window model, its verify graphs captured by SGLang's runner."""
+    from tests.integrations.sglang_server import verify
+
+    s = Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "4",
+                "--speculative-num-draft-tokens", "6", "--speculative-draft-attention-backend", "triton"],
+               seed=seed, window=W, window_pool=window_pool)
+    run = Runners(s, s.backend, "fi", s.spec.speculative_num_draft_tokens)
+    with s.active():
+        run.capture(lambda bs: verify(s, [0] * bs, [run.fill] * bs, random.Random(bs)), "verify")
+    return s, run
+
+
+def tree_verify_step(s: Server, run: Runners, rng: random.Random, seed: int, replayed: bool) -> None:
+    """One tree verify of a random batch, eager or replayed, then its metadata against the request rows and the mask
+    SGLang's worker wrote: the window wrapper's items (per draft query: the last min(seq, W) cached slots, then the
+    drafts its mask row shows; translated into the window pool, with the write slots, where there is one), planned
+    causal with window_left W and no mask; the full layers' wrapper over every key."""
+    from tests.integrations.served_pairs import drive
+    from tests.integrations.sglang_server import verify
+
+    D, r2t = s.spec.speculative_num_draft_tokens, s.runner.req_to_token_pool.req_to_token
+    f2s = s.runner.token_to_kv_pool.full_to_swa_index_mapping if s.backend.use_sliding_window_kv_pool else None
+    n = rng.randint(1, max(s.sizes))
+    rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, s.model_config.context_len - D)
+    loc = torch.tensor(rng.sample(range(1, s.slots), n * D))
+    with s.active():
+        fb = writing(s, verify(s, rows, seq, random.Random(seed)), loc)
+        drive(run, fb, "verify", n, replayed)
+    m, sm = s.backend.attnmeta.forward_metadata, s.backend.forward_metadata
+    assert sm.prefill_wrappers == [m.plan_window, m.plan]
+    w = m.plan_window
+    assert (w._window_left, w._causal, w._custom_mask_buf) == (W, True, None)
+    assert w._qo_indptr_buf[: n * D + 1].tolist() == list(range(n * D + 1))  # one query per item
+    mask, at, want, keys = fb.spec_info.custom_mask.cpu(), 0, [], []
+    for row, q in zip(rows, seq, strict=True):
+        shown = mask[at: at + D * (q + D)].view(D, q + D)[:, q:]
+        at += D * (q + D)
+        for j in range(D):
+            cols = [*range(q - min(q, W), q), *(q + c for c in range(D) if shown[j, c])]
+            want.append(r2t[row, cols].long())
+            keys.append(len(cols))
+    want = torch.cat(want)
+    want = f2s[want] if f2s is not None else want
+    assert m.window_kv_indptr[1: n * D + 1].tolist() == list(itertools.accumulate(keys)), seed
+    assert torch.equal(m.window_kv_indices[: sum(keys)].long(), want), (seed, replayed)
+    full = torch.cat([r2t[row, : q + D].long() for row, q in zip(rows, seq, strict=True)])
+    assert torch.equal(m.kv_indices[: full.numel()].long(), full)
+    if f2s is not None:
+        assert torch.equal(sm.swa_out_cache_loc[: n * D].long(), f2s[loc].long()), seed
+
+
 @pytest.mark.parametrize("window_pool", [False, True], ids=["one-pool", "window-pool"])
 def test_tree_verify_window_wrapper(window_pool):
     """EAGLE topk 4 on a window model: attnmeta_flashinfer's verify plans the window layers' wrapper with one item
@@ -216,51 +296,46 @@ def test_tree_verify_window_wrapper(window_pool):
     window_left W and no mask; the full layers' wrapper as without a window (every key, the tree mask). Checked
     against the request rows and SGLang's mask, eager and replayed through SGLang's verify graph runner; with a
     window pool, translated, with the drafts' write slots."""
-    from tests.integrations.served_pairs import drive
-    from tests.integrations.sglang_server import verify
+    with pytest.MonkeyPatch.context() as mp:
+        fake_flashinfer.into_sglang(mp)
+        s, run = tree_server(window_pool, seed=5)
+        rng = random.Random(7 + window_pool)
+        for step in range(8):
+            tree_verify_step(s, run, rng, step, replayed=step % 3 != 2)
+
+
+def test_tree_verify_window_between_prefills_and_idle_steps():
+    """The target's steps as SGLang's scheduler mixes them under EAGLE topk 4 on a window model (a window pool):
+    prefills and chunked prefills (SGLang's own FlashInfer code, eager: attnmeta hands them over), idle steps
+    (a DP rank with no requests) and tree verifies, eager
+    and replayed, in random order. Each verify's window is its own requests' (``tree_verify_step``'s check),
+    whatever step ran before it; each prefill runs SGLang's own wrappers, never attnmeta's planned ones."""
+    from tests.integrations.sglang_server import prefill
 
     with pytest.MonkeyPatch.context() as mp:
         fake_flashinfer.into_sglang(mp)
-        s = Server(["--attention-backend", "attnmeta_flashinfer", *EAGLE, "--speculative-eagle-topk", "4",
-                    "--speculative-num-draft-tokens", "6", "--speculative-draft-attention-backend", "triton"],
-                   seed=5, window=W, window_pool=window_pool)
-        D, r2t = s.spec.speculative_num_draft_tokens, s.runner.req_to_token_pool.req_to_token
-        f2s = s.runner.token_to_kv_pool.full_to_swa_index_mapping if window_pool else None
-        run = Runners(s, s.backend, "fi", D)
-        with s.active():
-            run.capture(lambda bs: verify(s, [0] * bs, [run.fill] * bs, random.Random(bs)), "verify")
-        rng, L, seen = random.Random(7 + window_pool), s.model_config.context_len, set()
-        for step in range(8):
-            replayed = step % 3 != 2
-            n = rng.randint(1, max(s.sizes))
-            rows, seq = rng.sample(range(1, ROWS), n), lens(rng, n, L - D)
-            loc = torch.tensor(rng.sample(range(1, s.slots), n * D))
-            with s.active():
-                fb = writing(s, verify(s, rows, seq, random.Random(step)), loc)
-                drive(run, fb, "verify", n, replayed)
-            seen.add(replayed)
-            m, sm = s.backend.attnmeta.forward_metadata, s.backend.forward_metadata
-            assert sm.prefill_wrappers == [m.plan_window, m.plan]
-            w = m.plan_window
-            assert (w._window_left, w._causal, w._custom_mask_buf) == (W, True, None)
-            assert w._qo_indptr_buf[: n * D + 1].tolist() == list(range(n * D + 1))  # one query per item
-            mask, at, want, keys = fb.spec_info.custom_mask.cpu(), 0, [], []
-            for row, q in zip(rows, seq, strict=True):
-                shown = mask[at: at + D * (q + D)].view(D, q + D)[:, q:]
-                at += D * (q + D)
-                for j in range(D):
-                    cols = [*range(q - min(q, W), q), *(q + c for c in range(D) if shown[j, c])]
-                    want.append(r2t[row, cols].long())
-                    keys.append(len(cols))
-            want = torch.cat(want)
-            want = f2s[want] if window_pool else want
-            assert m.window_kv_indptr[1: n * D + 1].tolist() == list(itertools.accumulate(keys)), step
-            assert torch.equal(m.window_kv_indices[: sum(keys)].long(), want), (step, replayed)
-            full = torch.cat([r2t[row, : q + D].long() for row, q in zip(rows, seq, strict=True)])
-            assert torch.equal(m.kv_indices[: full.numel()].long(), full)
-            if window_pool:
-                assert torch.equal(sm.swa_out_cache_loc[: n * D].long(), f2s[loc].long()), step
-        assert seen == {True, False}
+        s, run = tree_server(True, seed=9)
+        rng, seen = random.Random(11), set()
+        kinds = ["verify", "prefill", "verify", "idle"]
+        for step in range(16):
+            kind, replayed = kinds[step] if step < len(kinds) else rng.choice(kinds), rng.random() < 0.6
+            if kind == "verify":
+                tree_verify_step(s, run, rng, step, replayed)
+            elif kind == "prefill":
+                n = rng.randint(1, 4)
+                rows, prefix = rng.sample(range(1, ROWS), n), [rng.choice([0, 3, W, 2 * W]) for _ in range(n)]
+                with s.active():
+                    s.backend.init_forward_metadata(prefill(s, rows, prefix, [rng.randint(1, W) for _ in range(n)],
+                                                            mixed=rng.random() < 0.3))
+                sm = s.backend.forward_metadata
+                assert s.backend._ours is None and not hasattr(sm, "plan_window") and not sm.use_ragged
+                assert all(w is not s.backend.attnmeta.forward_metadata.plan_window and hasattr(w, "planned")
+                           for w in sm.prefill_wrappers)  # SGLang's eager wrappers, each planned for this batch
+            else:  # a DP rank with no requests steps too
+                with s.active():
+                    s.backend.init_forward_metadata(decode(s, [], [], idle=True))
+            seen.add((kind, replayed))
+        assert {k for k, _ in seen} == {"verify", "prefill", "idle"} and {("verify", True), ("verify", False)} <= seen
 
 
 def test_sglangs_own_flashinfer_verify_window_reads_a_rows_first_slots():
