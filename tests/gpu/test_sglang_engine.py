@@ -25,7 +25,6 @@ from tests.gpu.hf_reading import unwindowed_prefills
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not installed")]
 HERE = os.path.dirname(os.path.abspath(__file__))
-
 CASES = [f"{kind}:{page}{':' + topk if topk else ''}" for kind in ("triton", "flashinfer") for page in (1, 16)
          for topk in ("", "1", "4")]
 # FlashAttention-3, attending through the stand-in's torch FA3 on both sides (topk 4: the tree verify's two
@@ -98,7 +97,7 @@ def test_attnmeta_flashinfer_verifies_a_window_model_as_plain_decoding_serves_it
     assert "error" not in ours, ours.get("traceback")
     assert unwindowed_prefills([t[0] for t in base["tokens"]], rig_prompts()) == []
     assert ours["tokens"] == base["tokens"], first_difference(base, ours)
-    # the long decode: equal, or parted where plain decoding's own two likeliest tokens were a near-tie
+    # the long decode: equal, or parted where plain decoding's own likeliest tokens were a near-tie
     for i, (a, b) in enumerate(zip(base["long_tokens"], ours["long_tokens"], strict=True)):
         k = first_difference_at(a, b)
         assert a == b or near_tie(a, b, base["long_top"][i]), (i, k, base["long_top"][i][k:k + 1])
