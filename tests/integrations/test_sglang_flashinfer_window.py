@@ -299,17 +299,19 @@ def test_tree_verify_window_wrapper(window_pool):
     with pytest.MonkeyPatch.context() as mp:
         fake_flashinfer.into_sglang(mp)
         s, run = tree_server(window_pool, seed=5)
-        rng = random.Random(7 + window_pool)
+        rng, seen = random.Random(7 + window_pool), set()
         for step in range(8):
-            tree_verify_step(s, run, rng, step, replayed=step % 3 != 2)
+            seen.add(replayed := step % 3 != 2)
+            tree_verify_step(s, run, rng, step, replayed)
+        assert seen == {True, False}
 
 
 def test_tree_verify_window_between_prefills_and_idle_steps():
     """The target's steps as SGLang's scheduler mixes them under EAGLE topk 4 on a window model (a window pool):
-    prefills and chunked prefills (SGLang's own FlashInfer code, eager: attnmeta hands them over), idle steps
-    (a DP rank with no requests) and tree verifies, eager
-    and replayed, in random order. Each verify's window is its own requests' (``tree_verify_step``'s check),
-    whatever step ran before it; each prefill runs SGLang's own wrappers, never attnmeta's planned ones."""
+    prefills and chunked prefills (SGLang's own FlashInfer code, eager: attnmeta hands them over), idle steps (a DP
+    rank with no requests) and tree verifies, eager and replayed, in random order. Each verify's window is its own
+    requests' (``tree_verify_step``'s check), whatever step ran before it; each prefill runs SGLang's own wrappers,
+    never attnmeta's planned ones."""
     from tests.integrations.sglang_server import prefill
 
     with pytest.MonkeyPatch.context() as mp:
