@@ -104,7 +104,8 @@ def planner_for(backend: str, dev, choice: str = "auto") -> str:
     if choice == "auto":
         return "flashinfer" if real else "stand-in"
     if choice.startswith("flashinfer") and not real:
-        raise OptionsError("--planner flashinfer needs a CUDA device and FlashInfer (pip install .[flashinfer])")
+        raise OptionsError(f"--planner {choice} needs a CUDA device and FlashInfer (pip install -e '.[flashinfer]'); "
+                           "leave --planner out (auto: the CPU stand-in here)")
     return choice
 
 
@@ -209,7 +210,7 @@ def _captured(compiled, pool, dev, bs, planner: str, mode=ForwardMode.DECODE, po
         from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         FlashInferDecodeAdapter(be, *HEADS, workspace_bytes=_workspace(mode),
-                                planner="host" if planner == "flashinfer-host" else "device")
+                                partition="host" if planner == "flashinfer-host" else "device")
     cap = _batches(1, bs, 64, pool.shape[0], dev, seed=99, mode=mode, slots=_slots(pools))[0]
     be.init_forward_metadata_out_graph(cap, in_capture=True)
     be.init_forward_metadata_in_graph(cap)  # warm-up: Triton compile, allocator

@@ -48,12 +48,15 @@ def _rows(dag: nx.DiGraph) -> list[list[str]]:
 
 
 def collapse(g: Graph) -> nx.DiGraph:
-    """The graph with each fused kernel's nodes merged into one (``kernel:K``), inputs and outputs kept."""
+    """The graph with each fused kernel's nodes merged into one (``kernel:K``), inputs and outputs kept, but the
+    device guard's own inputs (feeds, the engine's buffers, the word, the generation, the record: guard-inputs),
+    which every check reads and the full graph shows."""
     kernel_of = g.kernel_of()
-    name = {v: f"kernel:{kernel_of[v]}" if v in kernel_of else v for v in g.to_nx().nodes}
+    plumbing = {i.name for i in g.inputs if i.role.guard}
+    name = {v: f"kernel:{kernel_of[v]}" if v in kernel_of else v for v in g.to_nx().nodes if v not in plumbing}
     dag = nx.DiGraph()
     dag.add_nodes_from(set(name.values()))
-    dag.add_edges_from((name[a], name[b]) for a, b in g.to_nx().edges if name[a] != name[b])
+    dag.add_edges_from((name[a], name[b]) for a, b in g.to_nx().edges if a in name and b in name and name[a] != name[b])
     for o in g.outputs:
         dag.add_edge(name[o.value], f"out:{o.field}")
     return dag

@@ -3,8 +3,8 @@
 compiler's own, so they cannot drift."""
 
 # the compiler's passes, in pipeline order (attnmeta.compiler.GENERIC_PASSES, then PER_BS_PASSES)
-PASSES = ["verify", "infer-shapes", "hoist-upgrades", "dce", "cse", "pass-through", "pack-inputs", "plan-buffers",
-          "specialize-batch", "check-split", "fuse"]
+PASSES = ["verify", "infer-shapes", "hoist-upgrades", "dce", "cse", "pass-through", "pack-inputs", "guard-inputs",
+          "plan-buffers", "specialize-batch", "check-split", "fuse"]
 MODES = ["decode", "idle", "target_verify", "draft_extend", "extend"]
 # attnmeta's own backends (attnmeta.backends.SPECS); compile also takes any installed or user spec
 BACKENDS = sorted([

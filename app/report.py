@@ -122,6 +122,9 @@ def _failure(run: str, f: dict | None) -> str:
     the IR the failing pass was given, each offending node's line marked."""
     if not f:
         return ""
+    if f.get("ir") is None:  # stopped before any pass: the spec's builder raised
+        return (f"<h2 id='failure'>failed building the spec: {html.escape(f['error'])}</h2>"
+                f"<p>{html.escape(f['message'])}</p>")
     where = f["mode"] + ("" if f["bs"] is None else f", bs {f['bs']}")
     rows = "".join(f"<tr><td>{html.escape(v['rule'])}</td><td><a href='#v-{html.escape(v['node'])}'>"
                    f"%{html.escape(v['node'])}</a></td><td><code>{html.escape(v['origin'] or '?')}</code></td>"

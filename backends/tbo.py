@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode
 from attnmeta.compiler.ir import DType, Graph, Role, SpecBuilder
+from attnmeta.runtime.metadata import child_prefix
 
 SPLIT = "floor(bs/2)"
 
@@ -26,8 +27,8 @@ def non_padded(b: SpecBuilder, rpi) -> dict:
     with b.in_graph():
         n = b.reduce("sum", b.cast(b.compare("ne", rpi, 0), DType.int32), name="num_token_non_padded")
         split = b.reduce("sum", b.full(1, [SPLIT], DType.int32))
-        return {"num_token_non_padded": n, "tbo0_num_token_non_padded": b.ewise("min", n, split),
-                "tbo1_num_token_non_padded": b.ewise("max", b.ewise("sub", n, split), 0)}
+        return {"num_token_non_padded": n, child_prefix(0) + "num_token_non_padded": b.ewise("min", n, split),
+                child_prefix(1) + "num_token_non_padded": b.ewise("max", b.ewise("sub", n, split), 0)}
 
 
 def tbo(inner: BackendSpec) -> BackendSpec:
@@ -47,13 +48,14 @@ def tbo(inner: BackendSpec) -> BackendSpec:
                     continue
                 ctx = b.out_graph() if i.type.placement.on_host else b.in_graph()
                 with ctx:
-                    child[i.name] = b.slice(ins[i.name], lo, hi, name=f"tbo{c}_{i.name}")
-            out = b.inline(g, child, bs=f"{hi} - ({lo})", prefix=f"tbo{c}_")
-            fields.update({f"tbo{c}_{f}": v for f, v in out.items()})
-            ragged.update({f"tbo{c}_{f}": f"tbo{c}_{r}" for f, r in ragged.items() if not f.startswith("tbo")})
+                    child[i.name] = b.slice(ins[i.name], lo, hi, name=child_prefix(c) + i.name)
+            out = b.inline(g, child, bs=f"{hi} - ({lo})", prefix=child_prefix(c))
+            fields.update({child_prefix(c) + f: v for f, v in out.items()})
+            ragged.update({child_prefix(c) + f: child_prefix(c) + r for f, r in ragged.items()
+                           if not f.startswith((child_prefix(0), child_prefix(1)))})
         b.outputs(ragged=ragged, **fields)
         return b.build()
 
     return BackendSpec(f"tbo_{inner.name}", build, inner.modes, doc=f"two-batch overlap around {inner.name}",
                        headroom=inner.headroom, planners=inner.planners,
-                       options_type=inner.options_type)
+                       options_type=inner.options_type, check=inner.check)

@@ -7,7 +7,7 @@ import importlib as _importlib
 import os as _os
 
 from . import logs as _logs
-from .ir.errors import AttnmetaError, Diagnostic, InternalError, OptionsError, UnknownName, UserError
+from .ir.errors import AttnmetaError, Diagnostic, InternalError, NotCompiled, OptionsError, UnknownName, UserError
 
 _LAZY = {  # name -> (module, attribute)
     "ArtifactError": (".artifact", "ArtifactError"),
@@ -41,8 +41,7 @@ if _os.environ.get("ATTNMETA_LOGS"):  # opt-in only: otherwise the application's
 
 __all__ = [
     "GENERIC_PASSES", "PER_BS_PASSES", "RULES", "ArtifactError", "AttnmetaError", "BackendSpec", "CompileOptions",
-    "CompiledBackend", "Diagnostic", "ForwardMode", "InternalError", "OptionsError", "PassError", "SplitError",
-    "UnknownName", "UserError", "Violation", "backend_options", "check_split", "compile_backend", "get_spec",
-    "list_backends",
-    "load_compiled", "register_backend",
+    "CompiledBackend", "Diagnostic", "ForwardMode", "InternalError", "NotCompiled", "OptionsError", "PassError",
+    "SplitError", "UnknownName", "UserError", "Violation", "backend_options", "check_split", "compile_backend",
+    "get_spec", "list_backends", "load_compiled", "register_backend",
 ]

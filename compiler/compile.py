@@ -13,7 +13,7 @@ from . import artifact
 from .dumps import DumpDir, Selection
 from .instruments import DisablePasses, Instrument, Timing, VerifyEach
 from .ir import Graph, Op, Region
-from .ir.errors import BatchError, OptionsError
+from .ir.errors import NotCompiled, OptionsError
 from .ir.graph import Space
 from .lowering.binding import Arg, Layout, PoolSpec, mode_bytes
 from .lowering.fx import LoweredPlan
@@ -25,7 +25,10 @@ from .spec import BackendSpec, get_spec, load_plugin, windowed
 log = logging.getLogger("attnmeta.compile")
 
 REQUIRED = ("specialize-batch", "pack-inputs", "plan-buffers")  # the runtime needs their results
-SAFETY = ("verify", "check-split")  # without them a spec the CUDA-graph rules reject compiles
+# without them a spec the CUDA-graph rules reject compiles, or a device value reaches the kernels unchecked
+SAFETY = {"verify": "a malformed graph would compile", "check-split": "specs that break the CUDA-graph rules would "
+          "compile and serve wrong metadata", "guard-inputs": "values the engine hands on the device (and a graph "
+          "replayed over another size's staging) would reach the kernels unchecked and unreported"}
 
 
 @attrs.define
@@ -56,15 +59,15 @@ class CompiledBackend:
         return self.plans[key] if key in self.plans else self.specialize(mode, bs)
 
     def require(self, mode: ForwardMode, bs: int) -> ForwardMode:
-        """The graph mode of a (mode, bs) batch this backend can serve, or a ``BatchError`` naming what it was
-        compiled for (the one mode/size guard: the runtime asks it too)."""
+        """The graph mode of a (mode, bs) batch this backend can serve, or a ``NotCompiled`` naming what it was
+        compiled for (the one mode/size guard: the runtime asks it too, and says it as a ``BatchError``)."""
         key = mode.graph_key
         if key not in self.generic:
-            raise BatchError(f"backend {self.spec.name!r} was compiled for modes "
+            raise NotCompiled(f"backend {self.spec.name!r} was compiled for modes "
                              f"{[m.name.lower() for m in self.generic]}, not {mode.name.lower()}; add it to "
                              "CompileOptions.modes (--modes)")
         if not 0 <= bs <= self.options.max_bs:
-            raise BatchError(f"batch size {bs} exceeds max_bs={self.options.max_bs} the backend was compiled for; "
+            raise NotCompiled(f"batch size {bs} exceeds max_bs={self.options.max_bs} the backend was compiled for; "
                              "recompile with a larger max_bs (--max-bs)")
         return key
 
@@ -136,8 +139,8 @@ def check_disabled(options: CompileOptions) -> None:
                            "it cannot be disabled")
     unsafe = [p for p in options.disabled_passes if p in SAFETY]
     if unsafe and not options.force:
-        raise OptionsError(f"--disable-pass {' '.join(unsafe)} switches off a safety check: specs that break the "
-                           "CUDA-graph rules would compile and serve wrong metadata; add --force to do it anyway")
+        raise OptionsError(f"--disable-pass {' '.join(unsafe)} switches off a safety check: "
+                           f"{'; '.join(SAFETY[p] for p in unsafe)}; add --force to do it anyway")
 
 
 def _describe(o: CompileOptions) -> str:
@@ -191,10 +194,7 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     if options.backend is not None and not (spec.options_type and isinstance(options.backend, spec.options_type)):
         takes = f"takes {spec.options_type.__name__}" if spec.options_type else "has no options of its own"
         raise OptionsError(f"backend {spec.name!r} {takes}, got backend={options.backend!r}")
-    if getattr(options.backend, "draft_window", 0) and not spec.name.startswith("multistep_"):
-        raise OptionsError(f"draft_window={options.backend.draft_window}: only EAGLE's multi-step drafter attends "
-                           f"through a draft window, and {spec.name!r} is not one; compile multistep_{spec.name} "
-                           f"(--draft-window), or leave it 0")
+    spec.check(options)
     for m in options.modes:  # columns a mode reads past each sequence: the context must leave room for one token
         room = spec.headroom(m, options)
         if options.max_context_len - room < 1:
@@ -214,6 +214,10 @@ def compile_backend(spec_or_name: BackendSpec | str, options: CompileOptions | N
     t0 = time.perf_counter()
     try:
         s = compile_spec(spec, options, inst)
+    except BaseException as e:
+        for i in inst:
+            i.aborted(e)
+        raise
     finally:  # a failed compile's dumps are finished too: they are what a person debugs it with
         for i in inst:
             i.finish(timing.seconds)

@@ -143,6 +143,14 @@ class DumpDir(Instrument):
                         "violations": [{"rule": v.rule, "node": v.node, "origin": v.origin, "message": v.message,
                                         "fix": v.fix} for v in getattr(error, "violations", ())]}
 
+    def aborted(self, error: BaseException) -> None:
+        """A compile that stopped outside any pass (the spec's builder raised): the run says so, not "complete"."""
+        if self.failure is None:
+            self.failure = {"pass": "spec", "mode": None, "bs": None, "error": type(error).__name__,
+                            "message": str(error), "ir": None,
+                            "violations": [{"rule": v.rule, "node": v.node, "origin": v.origin, "message": v.message,
+                                            "fix": v.fix} for v in getattr(error, "violations", ())]}
+
     def finish(self, timing: dict[str, float]) -> None:
         with open(os.path.join(self.run, "passes.json"), "w") as f:
             total = {k: round(v, 6) for k, v in timing.items()}

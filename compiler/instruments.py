@@ -34,6 +34,9 @@ class Instrument:
     def failed(self, name: str, g: Graph, ctx: PassContext, error: BaseException) -> None:
         """Pass ``name`` raised on ``g`` (its input)."""
 
+    def aborted(self, error: BaseException) -> None:
+        """The compile stopped with ``error`` (in a pass, or outside any: the spec's builder raised)."""
+
     def finish(self, timing: dict[str, float]) -> None:
         """The compile is done; ``timing``: seconds per pass over every size."""
 
@@ -70,7 +73,11 @@ class PrintIR(Instrument):
 
     def _print(self, what: str, name: str, g: Graph, ctx) -> None:
         where = ctx.mode.name.lower() + ("" if ctx.bs is None else f", bs={ctx.bs}")
-        self.stream.write(f"// -----// IR Dump {what} {name} ({where}) //----- //\n{print_graph(g)}")
+        try:
+            text = print_graph(g)
+        except Exception as e:  # noqa: BLE001 - a graph the failure left unprintable: say so, keep the error
+            text = f"// (the IR printer failed on this graph: {type(e).__name__}: {e})\n"
+        self.stream.write(f"// -----// IR Dump {what} {name} ({where}) //----- //\n{text}")
 
     def before(self, name, g, ctx):
         self._prev = g

@@ -30,6 +30,7 @@ from .passes import (  # noqa: F401  (registration)
     cse,
     dce,
     fuse,
+    guard_inputs,
     hoist_upgrades,
     infer_shapes,
     pack_inputs,
@@ -50,6 +51,7 @@ GENERIC_PASSES = (
     "cse",  # one node per distinct computation
     "pass-through",  # a device input or a second field of a value: a copy node, fused with its kernel
     "pack-inputs",  # one staging layout (at max_bs) for every per-step input: one H2D per step
+    "guard-inputs",  # device inputs read through a check at in_graph's head: staged, fed or the engine's own
     "plan-buffers",  # a region (at max_bs) for every static buffer: fields, intermediates, host values
 )
 PER_BS_PASSES = (

@@ -44,6 +44,9 @@ class BackendSpec:
     planners: Mapping[str, Callable[[], object]] = attrs.field(factory=dict, eq=False)
     # The frozen attrs class of its own options (CompileOptions.backend; the spec reads options.of(it)), or None
     options_type: type | None = None
+    # Its own check of the options against what it serves, after the generic ones (raises OptionsError naming the
+    # option and the fix): the compiler core names no backend's option
+    check: Callable[[CompileOptions], None] = attrs.field(default=lambda options: None, eq=False)
 
 
 _REGISTERED: dict[str, BackendSpec] = {}
@@ -118,11 +121,17 @@ def get_spec(ref: str | BackendSpec) -> BackendSpec:
 
 
 def _module(where: str, ref: str):
+    if not where:
+        raise UnknownName(f"{ref!r} names no module or file before the ':'; give pkg.module:SPEC or "
+                          "path/to/file.py:SPEC")
     try:
-        if where.endswith(".py") or os.sep in where:
+        if where.endswith(".py") or os.sep in where or os.path.isfile(where):
             if not os.path.exists(where):
                 raise UnknownName(f"no spec file {where!r} (from {ref!r}); the path is read from the current "
                                   f"directory, {os.getcwd()!r}")
+            if not where.endswith(".py"):
+                raise UnknownName(f"{where!r} (from {ref!r}) is not a Python file: a spec lives in a .py file "
+                                  "(path/to/file.py:SPEC) or an importable module (pkg.module:SPEC)")
             mod_name = f"attnmeta_user_{abs(hash(os.path.abspath(where)))}"
             spec = importlib.util.spec_from_file_location(mod_name, where)
             module = importlib.util.module_from_spec(spec)
@@ -160,7 +169,7 @@ def build_graph(spec: BackendSpec, mode: ForwardMode, options: CompileOptions) -
     """``spec.build(mode, options)``; an exception raised by a user's builder is a ``SpecError`` naming its
     file and line (one line on the command line), one raised by attnmeta's own specs stays what it is."""
     try:
-        return spec.build(mode, options)
+        g = spec.build(mode, options)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001
@@ -169,6 +178,10 @@ def build_graph(spec: BackendSpec, mode: ForwardMode, options: CompileOptions) -
             raise
         raise SpecError(f"{where}: the builder of spec {spec.name!r} ({mode.name.lower()}) raised "
                         f"{type(e).__name__}: {e}") from e
+    if not isinstance(g, Graph):
+        raise SpecError(f"the builder of spec {spec.name!r} ({mode.name.lower()}) returned {type(g).__name__}, not a "
+                        "graph: end it with `return b.build()`")
+    return g
 
 
 def _specs_in(module) -> list[str]:
@@ -179,15 +192,34 @@ def _load(ref: str) -> BackendSpec:
     where, _, attr = ref.rpartition(":")
     module = _module(where, ref)
     obj = getattr(module, attr, None)
-    if callable(obj) and not isinstance(obj, BackendSpec):
-        obj = obj()  # a factory of a spec
+    if callable(obj) and not isinstance(obj, BackendSpec) and _no_arguments(obj):
+        try:
+            obj = obj()  # a factory of a spec
+        except Exception as e:  # noqa: BLE001 - the user's factory: one line naming it
+            raise SpecError(f"{user_line(e)}: {ref!r}, called as a spec factory, raised {type(e).__name__}: {e}") \
+                from None
     if not isinstance(obj, BackendSpec):
         names = _specs_in(module)
         close = difflib.get_close_matches(attr, names, n=1)
-        raise UnknownName(f"{ref!r} is not a BackendSpec (got {type(obj).__name__})"
+        what = "a function" if callable(obj) else type(obj).__name__
+        hint = " that needs arguments: name a BackendSpec, or a function that makes one from none" if callable(obj) \
+            else ""
+        raise UnknownName(f"{ref!r} is not a BackendSpec (got {what}{hint})"
                           f"{f'; did you mean {where}:{close[0]}?' if close else ''}; the BackendSpecs in "
                           f"{where}: {', '.join(names) or 'none'}")
     return obj
+
+
+def _no_arguments(fn) -> bool:
+    """Whether ``fn`` can be called with none (a spec factory; a builder takes mode and options)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in sig.parameters.values())
 
 
 def load_plugin(group: str, name: str):

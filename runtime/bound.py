@@ -39,8 +39,7 @@ class BoundPlan:
     capture: object | None = None  # what the captured graph holds on to (checks.Capture)
     engine: object | None = None  # the engine buffers the captured graph reads in place (engine.Engine)
     computes: bool = True  # out_graph computes host values besides its planners' inputs (host fields a reader reads)
-    replay: object | None = None  # a replayed step's whole out_graph on the engine's buffers (engine.replayer)
-    fused_first: bool = False  # in_graph's first work is a fused kernel: the device checks run inside it
+    step: object | None = None  # a replayed step's whole out_graph on the engine's buffers (engine.make_step)
 
     def field(self, name: str) -> torch.Tensor:
         """The static buffer of field ``name`` (what the engine writes a field like a verify mask into)."""
@@ -52,7 +51,7 @@ class BoundPlan:
 
     def rebind_planner(self, target: str, planners: dict) -> None:
         """Every site of planner ``target`` to ``planners[target]``, with fresh state and no hooks of the old one."""
-        self.replay = None  # the new planner may need host data every step
+        self.step = None  # the new planner may need host data every step
         for s in self.binding.sites:
             if s.target == target:
                 site = self.sites[s.node]
@@ -104,9 +103,10 @@ def _computes(graph) -> bool:
     return False
 
 
-def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict, guard=None) -> BoundPlan:
+def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict) -> BoundPlan:
     """Views for every argument of ``plan``, a site for each of its planners; runs the plan's own
-    constants once."""
+    constants once. Every tensor in the argument lists is held by the bound plan: what a captured graph reads
+    or writes lives as long as the plan (the engine's buffers a capture binds too, runtime/engine.py)."""
     b, device, env = plan.binding, backend.device, backend.env
     local = allocate(dict(b.local_bytes), device)
     calls: dict = {}
@@ -119,9 +119,13 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
             return device
         if k is ArgKind.planners:
             return calls
-        if k is ArgKind.view:
-            src = pools[a.of] if a.of is not None else buffers.view(a.span)
+        if k is ArgKind.view:  # rows of a pool, or of a static buffer (a feed too: the engine's until a capture binds)
+            src = pools[a.of] if a.of in pools else buffers.view(a.span)
             return src[a.start : a.stop]
+        if k is ArgKind.word:
+            return backend.word.tensor
+        if k is ArgKind.record:
+            return backend.record.tensor
         own = a.span.space in (Memory.local_dev, Memory.local_host)
         return view(local, a.span) if own else buffers.view(a.span)
 
@@ -133,8 +137,12 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
         key = (s.host.space, s.host.offset)
         cap = dirty.setdefault(key, [s.capacity])  # untouched staging holds zeros, not the fill: pad it all once
         full = buffers.view(attrs.evolve(s.host, shape=(s.capacity,)))  # every size's rows: padded past live
+        feed = top = None
+        if s.feed is not None:  # the mode's feed at max_bs, and how far a step fed it (shared by the sizes)
+            feed = buffers.view(attrs.evolve(s.feed, shape=(s.capacity,)))
+            top = dirty.setdefault(("feed", s.feed.offset), [0])
         slots.append(_Staged(s, buffers.view(s.host), None if s.dev is None else buffers.view(s.dev), env, cap,
-                             full))
+                             full, feed, top))
     copies = [(buffers.view(d), buffers.view(h)) for d, h in b.copies]
     meta = Metadata(**{f: value(a) for f, a in b.fields})
     for f in b.planned:
@@ -143,8 +151,9 @@ def bind(plan, backend, buffers: Buffers, pools: dict, event: list, dirty: dict,
     sites = {s.node: make_site(s, b.mode, b.bs, backend, value, hooks) for s in b.sites}
     calls.update({s.node: planner_call(backend.planners, sites[s.node], len(s.inputs)) for s in b.sites})
     computes = _computes(plan.out_gm.graph)
-    first = next((n for n in plan.in_gm.graph.nodes if n.op == "call_function"), None)
-    return BoundPlan(plan, b, Stager(slots, copies, event, device, guard), plan.out_gm.forward,
-                     [value(a) for a in b.out_args], plan.in_gm.forward, [value(a) for a in b.in_args],
-                     [value(a) for a in b.crossing], meta, hooks, sites, calls, computes=computes,
-                     fused_first=first is not None and hasattr(first.target, "kernel"))
+    backend.record.learn(b.guards)
+    gen = None if b.generation is None else buffers.view(b.generation).numpy()
+    stager = Stager(slots, copies, event, device, backend.record, backend.word, gen, (b.bs, b.generation_for))
+    return BoundPlan(plan, b, stager, plan.out_gm.forward, [value(a) for a in b.out_args], plan.in_gm.forward,
+                     [value(a) for a in b.in_args], [value(a) for a in b.crossing], meta, hooks, sites, calls,
+                     computes=computes)

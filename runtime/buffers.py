@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from attnmeta.compiler.ir.ops_guard import SENTINEL
 from attnmeta.compiler.lowering.binding import Layout, Memory, Span
 
 _SPACES = (Memory.staging_host, Memory.staging_dev, Memory.arena, Memory.host)
@@ -34,6 +35,9 @@ class Buffers:
 
     def __init__(self, layout: Layout, device: torch.device):
         self.spaces = allocate({s: layout.size(s) for s in _SPACES}, device)
+        arena = self.spaces[Memory.arena]
+        for offset, nbytes in layout.feeds:  # a feed holds the sentinel until a step feeds it (ops_guard.py)
+            arena[offset : offset + nbytes].view(torch.int64).fill_(SENTINEL)
 
     def view(self, r: Span) -> torch.Tensor:
         return view(self.spaces, r)

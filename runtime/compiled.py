@@ -13,17 +13,16 @@ from types import MappingProxyType
 
 import torch
 
-from attnmeta.compiler.ir.errors import ContractError
+from attnmeta.compiler.ir.errors import ContractError, NotCompiled
 from attnmeta.compiler.lowering.binding import ArgKind
-from attnmeta.compiler.lowering.launch import PROLOGUE
 
 from .backend import AttentionBackend
 from .bound import BoundPlan, bind
 from .buffers import Buffers
 from .checks import StaleBufferError, capture_record, check_pools, check_replay
-from .engine import EngineWord, bind_engine, replayer
+from .engine import DEFAULT, Sources, bind_engine, make_step
 from .errors import BatchError
-from .guard import DeviceGuard, ingest, prologue
+from .record import DeviceRecord, EngineWord
 from .staging import not_a_mode
 
 __all__ = ["BatchError", "CompiledAttentionBackend", "StaleBufferError"]
@@ -49,8 +48,8 @@ class CompiledAttentionBackend(AttentionBackend):
         self._current: BoundPlan | None = None
         self._event: list = [None, None]  # (event after the last staging copy, the stream it was recorded on)
         self._dirty: dict = {}  # staging region -> rows that may hold live values (the rest hold the fill)
-        self._guard = DeviceGuard(self.device)  # device-only fields' checks, reported one step late (guard.py)
-        self._word = EngineWord(self.device)  # whether a step's graph reads the engine's buffers (engine.py)
+        self.record = DeviceRecord(self.device)  # what the graphs' device checks found, reported one step late
+        self.word = EngineWord(self.device)  # whether a step's graph reads the engine's buffers (engine.py)
         self._unbacked_logged = False
         for gm, args in compiled.inits.values():  # constants every size shares, written once at max_bs
             gm.forward(*[self.device if a.kind is ArgKind.device else self.buffers.view(a.span) for a in args])
@@ -87,12 +86,15 @@ class CompiledAttentionBackend(AttentionBackend):
         key = (mode.graph_key, bs)
         b = self._bound.get(key)
         if b is None:
-            self.compiled.require(mode, bs)
+            try:
+                self.compiled.require(mode, bs)
+            except NotCompiled as e:
+                raise BatchError(str(e)) from None
             plan = self.compiled.plans.get(key)
             if plan is None:  # a size compiled neither for capture nor as max_bs: compile it now, once
                 log.info("%s batch of %d rows: no plan compiled ahead, compiling it", key[0].name.lower(), bs)
                 plan = self.compiled.specialize(key[0], bs)
-            b = self._bound[key] = bind(plan, self, self.buffers, self._pools, self._event, self._dirty, self._guard)
+            b = self._bound[key] = bind(plan, self, self.buffers, self._pools, self._event, self._dirty)
             log.debug("bound plan %s", b.binding.graph)
         return b
 
@@ -103,7 +105,7 @@ class CompiledAttentionBackend(AttentionBackend):
             b = self._bound.get((fb.forward_mode.graph_key, bs))
         except AttributeError:
             raise not_a_mode(fb) from None
-        if b is not None and b.replay is not None and not in_capture and b.replay(fb):
+        if b is not None and b.step is not None and not in_capture and b.step(fb):
             return  # a replay on the engine's own buffers: nothing to stage
         try:
             actual = getattr(fb, "actual_forward_mode", fb.forward_mode)
@@ -128,18 +130,17 @@ class CompiledAttentionBackend(AttentionBackend):
         if not in_capture and b.capture is None and b.host_work:
             self._plan_the_graph_above(b)
         if in_capture:
+            b.engine = bind_engine(b, fb, self.device)  # before the record: the graph reads these in place
             b.capture = capture_record(b)
-            b.engine = bind_engine(b, fb, self.device, self._word, self._guard)
-            b.replay = self.replayer(b)
-            self._word.set(1 if b.engine is not None else 0)
+            self.engine_step(b, fb)
+            self.word.set(1 if b.engine is not None else 0)
         else:
             if b.capture is not None and self.check_addresses:
                 check_replay(b, self._pools)
-            if b.engine is not None:  # a graph bound to the engine's buffers reads what was staged this step
-                self._word.set(0)
-                if b.replay is None:  # its planners may have moved to the device since the capture
-                    b.replay = self.replayer(b)
-                if not self._unbacked_logged and not b.engine.backed(fb):
+            if b.engine is not None:
+                if b.step is None:  # its planners may have moved to the device since the capture
+                    self.engine_step(b, fb)
+                if b.step is not None and not self._unbacked_logged:
                     log.info("a %s batch of %d rows is not the engine buffers its graph was captured on: staged "
                              "(correct, with host work per step)", fb.forward_mode.name.lower(), bs)
                     self._unbacked_logged = True
@@ -167,16 +168,15 @@ class CompiledAttentionBackend(AttentionBackend):
                              f"but the backend was compiled for num_draft_tokens={want}, which strides every "
                              f"request's queries; recompile with --num-draft-tokens {d}")
 
-    def replayer(self, b: BoundPlan, paths: dict | None = None, extra: tuple = (), helpers: dict | None = None,
-                 then: tuple = (), fed: str | None = None):
-        """For an engine adapter, at capture: ``b``'s whole replayed out_graph on the engine's buffers as one
-        generated function of the adapter's own batch (``engine.replayer``: ``paths`` and ``helpers`` reach its
-        fields, ``extra`` adds what else it requires, ``then`` what it publishes, ``fed`` which views its runner
-        fed without handing the buffers), or None where ``b`` reads no engine buffers or needs host work every
-        step (the adapter takes the ordinary path)."""
-        if b.engine is None or b.host_work:
-            return None
-        return replayer(b, self, paths, extra, helpers, then, fed)
+    def engine_step(self, b: BoundPlan, batch, sources: Sources = DEFAULT, requires: tuple = (),
+                    publish=None):
+        """``b``'s step (set and returned): its replayed out_graph on the engine buffers its capture bound, one
+        function of views shaped like ``batch`` (the engine's capture batch; ``sources`` says where its fields sit
+        on it, ``requires`` what else a replay needs, ``publish`` what the adapter does after: engine.make_step).
+        An adapter that serves the engine's own batches declares its step here, in place of the runtime's; None
+        where ``b`` reads no engine buffers or needs host work every step (the ordinary path serves it)."""
+        b.step = None if b.engine is None or b.host_work else make_step(self, b, batch, sources, requires, publish)
+        return b.step
 
     def set_stream(self, stream) -> None:
         """Staging records its hazard event on the stream that was current at the first step; an engine
@@ -187,21 +187,12 @@ class CompiledAttentionBackend(AttentionBackend):
         b = self._current
         if b is None or b.bs != getattr(fb, "batch_size", None):
             raise ContractError("init_forward_metadata_in_graph before init_forward_metadata_out_graph for this batch")
-        # the device-only fields' checks of a staged step and, on a graph bound to the engine's buffers, those
-        # buffers read in place, each side gated by the word: inside the first fused kernel (one graph node for
-        # the step), or one launch before the graph's work
-        bound = b.engine is not None
-        feeds = b.stager.guard_feeds(bound) + (b.engine.feeds() if bound else [])
-        if b.fused_first and (p := prologue(feeds, self._guard.flag, self._word.tensor)) is not None:
-            token = PROLOGUE.set(pending := [p])
-            try:
-                b.in_fn(*b.in_args)
-            finally:
-                PROLOGUE.reset(token)
-            if pending:  # bind() saw a fused kernel first: it must have taken the checks
-                raise ContractError(f"{b.binding.graph}: in_graph's first kernel did not run the device checks")
-        else:
-            ingest(feeds, self._guard.flag, self._word.tensor)
-            b.in_fn(*b.in_args)
+        b.in_fn(*b.in_args)  # the device checks are its first kernel's (guard-inputs): what a dump shows
         for fn in b.after_in:  # planners' device work (FlashInfer's partition, its mask packing)
             fn()
+        if self.record.sync and not _capturing(self.device):
+            self.record.check_now()
+
+
+def _capturing(device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

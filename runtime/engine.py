@@ -5,79 +5,102 @@ saw (SGLang's ``CudaGraphBufferRegistry``: ``req_pool_indices``, ``seq_lens``, `
 draft-extend lengths), padding the rows past the live ones with safe values, and hands the backend
 a view of them. Staging those values again into attnmeta's own buffers every step is host work for
 nothing. So when the batch a plan is captured on carries such buffers (every field the graph reads
-from the batch is an integer tensor on the backend's device), the capture binds them: the recorded
-in_graph ingests them in place (``guard.ingest``, inside the fused kernel: range-checked, narrowed into
-the buffers its body reads), and a later step whose view has the same buffers (data pointer and length: attribute
-reads, no tensor op) is served by one function generated at capture (``replayer``: the check, the
-device record's flag, the plan made current, what the adapter publishes), where no host planner still
-needs host data. Nothing is copied, nothing is allocated, no aten op runs.
+from the batch is an integer tensor on the backend's device), the capture binds them: each is the
+plan's argument for its input's ``engine`` operand (compiler/ir/ops_guard.py), so the recorded
+``ingest`` reads it in place, range-checked, whenever the engine word says so. A later step whose view
+hands the same buffers (data pointer and length: attribute reads, no tensor op) is one call of the
+plan's *step* (``make_step``): the device record's flag, the word, the plan made current, what the
+adapter publishes. Nothing is copied, nothing is allocated, no aten op runs.
 
-A view of other tensors (an eager step, another engine) takes the staging path, correct and slower.
-One device word says which path fed the step: the ingest of a bound graph runs only when it is set,
-the staged device-only fields' guard only when it is clear, so a replay after a staged step reads
-what was staged. The word is written (one stream-ordered fill) only when the path changes.
+Where the step finds each buffer on a view is data, never code: a ``Path`` (an attribute chain) per
+field, the field's own name unless an adapter's ``Sources`` says otherwise (SGLang's draft extend keeps
+its lengths on ``spec_info``). Every path is resolved on the capture batch, which must hand the very
+buffer the plan bound; one that does not resolve is a ``ContractError`` at capture naming it, never a
+silent slow path at every replay. A view of other tensors (an eager step, another engine) takes the
+staging path, correct and slower.
 
 The padding rows are the engine's: a bound graph reads what the engine padded with, which is the
 spec's fill when the engine asks the backend for it (SGLang's ``get_cuda_graph_seq_len_fill_value``).
-Its checks are the device's: a bad value is replaced and reported at the next step (runtime/guard.py);
-a pool row of 0 passes there, as the engine's padding rows hold it.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable, Mapping
 
 import attrs
 import torch
 
-from .guard import INTS, Feed, safe_range
+from attnmeta.compiler.ir.errors import ContractError
+from attnmeta.compiler.lowering.binding import ArgKind
 
-log = logging.getLogger("attnmeta.runtime")
+from .codegen import load
+from .record import INTS
+
+
+@attrs.frozen
+class Path:
+    """Where a value sits on an engine's batch: an attribute chain (``("spec_info", "custom_mask")``)."""
+
+    attrs: tuple[str, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self):
+        if not self.attrs or not all(isinstance(a, str) and a.isidentifier() for a in self.attrs):
+            raise ValueError(f"a path is a non-empty chain of attribute names, got {self.attrs!r}")
+
+    def get(self, obj):
+        for a in self.attrs:
+            obj = getattr(obj, a)
+        return obj
+
+    def __str__(self) -> str:
+        return ".".join(self.attrs)
+
+
+@attrs.frozen
+class Fed:
+    """Views an engine's runner fed without handing the buffers it captured on: it copied their values into
+    those buffers and replays this very graph next, but hands its own tensors (SGLang's draft-decode runner
+    with no row padded: ``Fed(Path(("num_padding",)), 0)``). Such a view's tensors, each exactly its buffer's
+    dtype, device and length, are copied into the buffers (one grouped device copy, no staging)."""
+
+    path: Path
+    equals: object
+
+
+@attrs.frozen
+class Sources:
+    """What an engine adapter declares of its batches, once: where each field's buffer sits on them (alternatives,
+    the first that holds a value read, every step; default the field's own name), and which views its runner fed
+    (``Fed``)."""
+
+    paths: Mapping[str, tuple[Path, ...]] = attrs.field(factory=dict)
+    fed: Fed | None = None
+
+    def of(self, field: str) -> tuple[Path, ...]:
+        return self.paths.get(field, (Path((field,)),))
+
+
+DEFAULT = Sources()
 
 
 @attrs.define(eq=False)
 class Input:
-    """One engine buffer a bound graph reads: the batch attribute, its first ``n`` values, the slot."""
+    """One engine buffer a bound graph reads: the batch field, its first ``n`` values, the plan's arguments
+    it is bound to."""
 
     name: str
     tensor: torch.Tensor
     n: int
-    slot: object  # the plan's staged slot (runtime/staging.py _Staged): its device buffer, range, record index
-    field: int
+    args: tuple[int, ...]
 
 
-class Engine:
-    """The engine buffers one captured plan reads in place, and the check that a view is backed by them."""
-
-    def __init__(self, inputs: list[Input], word: EngineWord, guard):
-        self.inputs, self.word, self.guard = inputs, word, guard
-        self.backed = checker(inputs)
-
-    def feeds(self) -> list[Feed]:
-        """in_graph: the engine's values into the graph's buffers, on the steps whose view was the engine's."""
-        return [Feed(e.tensor, e.slot.dev, e.n, *safe_range(e.slot, bound=True), e.field, when=1) for e in self.inputs]
-
-
-class EngineWord:
-    """The device word that says whether this step's graph reads the engine's buffers (1) or what out_graph
-    staged (0), with its host mirror: written only when it changes."""
-
-    def __init__(self, device: torch.device):
-        self.tensor = torch.zeros(1, dtype=torch.int32, device=device)
-        self.value = 0
-
-    def set(self, v: int) -> None:
-        if self.value != v:
-            self.tensor.fill_(v)
-            self.value = v
-
-
-def bind_engine(b, fb, device: torch.device, word: EngineWord, guard) -> Engine | None:
-    """At capture: the engine buffers ``fb`` hands every slot the graph reads on the device, or None when one
-    is not such a buffer (a host tensor, another device, too short) or a slot is read on the host only."""
+def bind_engine(b, fb, device: torch.device) -> list[Input] | None:
+    """At capture: the engine buffers ``fb`` hands for every slot the graph reads on the device, bound as the
+    plan's engine arguments; or None (nothing bound) when one is not such a buffer (a host tensor, another
+    device, too short) or a slot is read on the host only or unchecked."""
     inputs = []
     for s in b.stager.slots:
-        if s.dev is None:  # read on the host (a planner's input): nothing to bind
+        if s.dev is None or s.slot.engine is None:  # read on the host (a planner's input), or not by in_graph
             return None
         name = s.device_field or s.source
         t = getattr(fb, name, None)
@@ -85,91 +108,115 @@ def bind_engine(b, fb, device: torch.device, word: EngineWord, guard) -> Engine 
         if not isinstance(t, torch.Tensor) or t.device != device or t.dtype not in INTS or t.dim() != 1 \
                 or not t.is_contiguous() or t.shape[0] < n:
             return None
-        inputs.append(Input(name, t[:n], n, s, guard.field(name)))
-    return Engine(inputs, word, guard) if inputs else None
+        at = tuple(k for k, a in enumerate(b.binding.in_args) if s.slot.engine in (a.name if a.kind is ArgKind.engine
+                                                                                   else None, a.of))
+        inputs.append(Input(name, t[:n], n, at))
+    for e in inputs:  # the plan holds each buffer for as long as its graph may read it (a TBO child its rows)
+        for k in e.args:
+            a = b.binding.in_args[k]
+            b.in_args[k] = e.tensor if a.kind is ArgKind.engine else e.tensor[a.start : a.stop]
+    return inputs or None
 
 
-def _backed(inputs: list[Input], paths: dict[str, str] | None, extra: tuple, ns: dict) -> str:
-    """The condition that view ``v`` hands the captured buffers (their data pointers and lengths, as
-    ``P{i}`` / ``X{i}`` constants in ``ns``): attribute reads and C calls that allocate nothing."""
-    cond = []
-    for i, e in enumerate(inputs):
-        ns[f"P{i}"] = e.tensor.data_ptr()
+def first_of(paths: tuple[Path, ...]):
+    """``get(batch)``: the value at the first of ``paths`` that resolves to something (not None) on ``batch``;
+    AttributeError where none does. One path: that path's own getter."""
+    if len(paths) == 1:
+        return paths[0].get
+    gets = tuple(p.get for p in paths)
+
+    def get(batch):
+        for g in gets:
+            try:
+                t = g(batch)
+            except AttributeError:
+                continue
+            if t is not None:
+                return t
+        raise AttributeError(f"none of {' or '.join(map(str, paths))}")
+
+    return get
+
+
+def _getter(inp: Input, paths: tuple[Path, ...], batch):
+    """``inp``'s getter along ``paths``, checked on the capture batch: it must hand ``inp``'s buffer there."""
+    get = first_of(paths)
+    try:
+        t = get(batch)
+    except AttributeError:
+        t = None
+    if isinstance(t, torch.Tensor) and t.data_ptr() == inp.tensor.data_ptr() and t.numel() >= inp.n:
+        return get
+    got = "nothing" if t is None else f"a {type(t).__name__}{' of other memory' if isinstance(t, torch.Tensor) else ''}"
+    raise ContractError(f"the capture batch hands {got} at {' or '.join(map(str, paths))}, not the engine buffer of "
+                        f"{inp.name} the graph was bound to: a replay could never be recognised as reading it. "
+                        "Declare where the engine's batch keeps it (engine.Sources paths)")
+
+
+def _expr(paths: tuple[Path, ...], var: str) -> list[str]:
+    """Lines putting the value at the first of ``paths`` holding one on ``v`` into ``var`` (attribute names only:
+    each path's parts are checked identifiers)."""
+    if len(paths) == 1:
+        return [f"{var} = v.{paths[0]}"]
+    lines = [f"{var} = None"]
+    for p in paths:
+        lines.append(f"if {var} is None:")
+        head, last = ("v." + ".".join(p.attrs[:-1])) if len(p.attrs) > 1 else "v", p.attrs[-1]
+        lines.append(f"    {var} = getattr({head}, {last!r}, None)")
+    lines.append(f"if {var} is None:")
+    lines.append("    return False")
+    return lines
+
+
+def make_step(backend, b, batch, sources: Sources = DEFAULT, requires: tuple = (),
+              publish: Callable | None = None) -> Callable:
+    """``b``'s whole replayed out_graph on the engine buffers its capture bound, for views shaped like ``batch``
+    (the engine's own capture batch): ``step(view) -> bool``. False (nothing done) when the view does not hand
+    those buffers (nor, with ``sources.fed``, is one its runner fed); else what an earlier step's device checks
+    found is raised, the engine word set, ``b`` made ``backend``'s current plan, ``publish(view)`` called, True.
+    ``requires``: (path, tensor) pairs a replay also needs (a buffer the engine writes in place: the verify mask).
+    Each path is resolved here, on the capture batch: one that does not resolve is an error now. The step is
+    generated straight-line (runtime/codegen.py): it runs every step, with the host's caches cold."""
+    paths = [sources.of(e.name) for e in b.engine]
+    for e, ps in zip(b.engine, paths, strict=True):
+        _getter(e, ps, batch)  # hands the bound buffer on the capture batch, or a ContractError naming the paths
+    for p, _ in requires:
+        try:
+            p.get(batch)
+        except AttributeError:
+            raise ContractError(f"the capture batch has no {p}, which a replay requires") from None
+    c = dict(FLAG=backend.record.host_np, RAISE=backend.record.raise_pending, WORD=backend.word,
+             SET=backend.word.set, AM=backend, B=b, META=b.meta, PUBLISH=publish)
+    backed, fetch = [], []
+    for k, (e, ps) in enumerate(zip(b.engine, paths, strict=True)):
+        c[f"P{k}"] = e.tensor.data_ptr()
+        fetch += _expr(ps, f"t{k}")
         # numel, not shape[0]: no torch.Size is made (a bound input is one-dimensional)
-        cond.append(f"(t := {(paths or {}).get(e.name, 'v.' + e.name)}).data_ptr() == P{i} and t.numel() >= {e.n}")
-    for i, (expr, ptr) in enumerate(extra):
-        ns[f"X{i}"] = ptr
-        cond.append(f"{expr}.data_ptr() == X{i}")
-    return " and ".join(cond) or "True"
-
-
-def _fed(inputs: list[Input], paths: dict[str, str] | None, when: str, ns: dict) -> tuple[str, str]:
-    """The condition that view ``v`` is one an engine's runner fed (``when``, the adapter's expression for it)
-    and hands, in place of each captured buffer, a tensor of exactly its values' shape (the buffer's dtype and
-    device, ``n`` values); and the one grouped device copy that puts them where the graph reads."""
-    cond, srcs = [when], []
-    ns["FOREACH"] = torch._foreach_copy_
-    ns["DSTS"] = [e.tensor for e in inputs]
-    for i, e in enumerate(inputs):
-        ns[f"T{i}"], ns[f"G{i}"] = e.tensor.dtype, e.tensor.get_device()
-        expr = (paths or {}).get(e.name, "v." + e.name)
-        cond.append(f"(t := {expr}).dtype is T{i} and t.numel() == {e.n} and t.get_device() == G{i}")
-        srcs.append(expr)
-    return " and ".join(cond), f"FOREACH(DSTS, [{', '.join(srcs)}])"
-
-
-def _generate(name: str, src: str, ns: dict):
-    exec(compile(src, f"<attnmeta {name}>", "exec"), ns)  # noqa: S102
-    return ns[name]
-
-
-def checker(inputs: list[Input], paths: dict[str, str] | None = None, extra: tuple = (), helpers: dict | None = None):
-    """``backed(view)``: whether ``view`` hands the captured buffers, generated straight-line (a step pays a
-    few attribute reads). ``paths`` reads an input another way than ``v.<name>`` (an engine's own batch,
-    whose fields sit elsewhere); ``extra`` adds (expression, data pointer) pairs a caller also requires."""
-    ns = dict(helpers or {})
-    cond = _backed(inputs, paths, extra, ns)
-    return _generate("backed", "def backed(v):\n    try:\n        return " + cond +
-                     "\n    except (AttributeError, IndexError, TypeError):\n        return False\n", ns)
-
-
-VIEW = object()  # in ``replayer``'s assignments: the step's view itself
-
-
-def replayer(b, backend, paths: dict[str, str] | None = None, extra: tuple = (), helpers: dict | None = None,
-             then: tuple = (), fed: str | None = None):
-    """A replayed step's whole out_graph on the engine buffers ``b.engine`` binds, as one generated function
-    ``replay(view) -> bool``: False (nothing done) when the view does not hand those buffers (``checker``'s
-    condition), else what an earlier step's device checks found is raised, the engine word set, ``b`` made
-    ``backend``'s current plan, ``then``'s ``(object, attribute, value)`` assignments made (``VIEW``: the
-    view), True. Every object is a constant of the function: the step makes no call but the checks' C
-    calls, because a replayed step's host time is the serving loop's, paid every step with cold caches.
-    ``fed``: an expression true of a view whose runner has put its values into the captured buffers and
-    replays this very graph next, but hands its own tensors (SGLang's draft-decode runner with no row
-    padded); such a view is copied into the buffers (``_fed``: one grouped device copy, no staging, no
-    wait). Only an adapter that knows its runner says so: a view of other tensors in general may be
-    followed by a larger graph's replay (an engine that dispatches before it pads), whose rows past this
-    view's must then read the staging path's padding, not the buffers' stale rows."""
-    e = b.engine
-    ns = dict(helpers or {}, FLAG=memoryview(e.guard.host_np), RAISE=e.guard.raise_pending, WORD=e.word,
-              SET=e.word.set, AM=backend, B=b)
-    lines = ["def replay(v):", "    try:", f"        if not ({_backed(e.inputs, paths, extra, ns)}):"]
+        backed.append(f"t{k}.data_ptr() == P{k} and t{k}.numel() >= {e.n}")
+    needs = []
+    for k, (p, t) in enumerate(requires):
+        c[f"X{k}"] = t.data_ptr()
+        needs.append(f"v.{p}.data_ptr() == X{k}")
+    body = ["def step(v):", "    try:", *(f"        {x}" for x in fetch)]
+    ok = " and ".join(backed) or "True"
+    fed = sources.fed
     if fed is None:
-        lines.append("            return False")
-    else:
-        cond, copy = _fed(e.inputs, paths, fed, ns)
-        lines += [f"            if not ({cond} and {_backed([], None, extra, ns)}):", "                return False",
-                  f"            {copy}"]
-    lines += ["    except (AttributeError, IndexError, TypeError):", "        return False",
-              "    if FLAG[0]:", "        RAISE()", "    if WORD.value != 1:", "        SET(1)",
-              "    AM._current = B", "    AM.forward_metadata = B.meta"]
-    for i, (obj, attr, value) in enumerate(then):
-        if not attr.isidentifier():
-            raise ValueError(f"replayer: {attr!r} is not an attribute name")
-        ns[f"O{i}"] = obj
-        if value is VIEW:
-            lines.append(f"    O{i}.{attr} = v")
-        else:
-            ns[f"V{i}"] = value
-            lines.append(f"    O{i}.{attr} = V{i}")
-    return _generate("replay", "\n".join(lines + ["    return True", ""]), ns)
+        body += [f"        if not ({ok}):", "            return False"]
+    else:  # a fed view: its own tensors, exactly the buffers' dtype, length and device, copied into the buffers
+        c |= {"FOREACH": torch._foreach_copy_, "DSTS": [e.tensor for e in b.engine], "FEDV": fed.equals}
+        exact = " and ".join(f"t{k}.dtype is T{k} and t{k}.numel() == {e.n} and t{k}.get_device() == G{k}"
+                             for k, e in enumerate(b.engine))
+        for k, e in enumerate(b.engine):
+            c[f"T{k}"], c[f"G{k}"] = e.tensor.dtype, e.tensor.get_device()
+        srcs = ", ".join(f"t{k}" for k in range(len(b.engine)))
+        body += [f"        if not ({ok}):", f"            if not (v.{fed.path} == FEDV and {exact or 'True'}):",
+                 "                return False", f"            FOREACH(DSTS, [{srcs}])"]
+    if needs:
+        body += [f"        if not ({' and '.join(needs)}):", "            return False"]
+    body += ["    except (AttributeError, TypeError):  # a view of another shape (no spec_info): not this graph's",
+             "        return False", "    if FLAG[0]:", "        RAISE()", "    if WORD.value != 1:", "        SET(1)",
+             "    AM._current = B", "    AM.forward_metadata = META"]
+    if publish is not None:
+        body.append("    PUBLISH(v)")
+    body.append("    return True")
+    return load("step", body, c)

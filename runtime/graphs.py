@@ -60,9 +60,9 @@ def _copy_into(dst, src) -> None:
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, tape: list[Callable[[], None]]) -> None:
+    def __init__(self, tape: list[Callable[[], None]], memory: _Memory) -> None:
         super().__init__()
-        self.tape, self.paused = tape, False
+        self.tape, self.paused, self.memory = tape, False, memory
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -75,8 +75,11 @@ class _Recorder(TorchDispatchMode):
                                          for t in tree_flatten(args)[0]):
             raise _sync_error("boolean-mask indexing")
         out = func(*args, **kwargs)
+        if name in _ALLOC_ATEN or not func._schema.is_mutable and not func.is_view:
+            self.memory.made(out)  # the graph pool's, made once at capture
         if func.is_view or name in _ALLOC_ATEN:
             return out  # a view aliases captured memory; an allocation is the graph pool's, made once
+        self.memory.touch((args, kwargs))
         if func._schema.is_mutable:
             self.tape.append(lambda: func(*args, **kwargs))
         else:  # functional: replay recomputes and writes into the captured output (its "pool" address)
@@ -99,7 +102,7 @@ def _triton_launches(on_launch: Callable[[Callable[[], None]], None], rec: _Reco
     def recorded(self, *args, **kwargs):
         if rec.paused:  # inside a launch already being recorded
             return run(self, *args, **kwargs)
-        on_launch(lambda: run(self, *args, **kwargs))
+        on_launch(lambda: run(self, *args, **kwargs), (args, kwargs))
 
     InterpretedFunction.run = recorded
     try:
@@ -108,20 +111,53 @@ def _triton_launches(on_launch: Callable[[Callable[[], None]], None], rec: _Reco
         InterpretedFunction.run = run
 
 
+class _Memory:
+    """The storages a capture touched (aten ops' operands, launches' named tensors) and those it made (the graph
+    pool's): what a captured graph reads or writes of memory it does not own is the difference, which whoever
+    holds the graph must keep alive (on a GPU the graph holds addresses, not tensors)."""
+
+    def __init__(self) -> None:
+        self.touched: dict[int, torch.Tensor] = {}
+        self.pool: set[int] = set()
+
+    def made(self, out) -> None:
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.pool.add(storage_key(t))
+
+    def touch(self, xs) -> None:
+        for t in tree_flatten(xs)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.touched.setdefault(storage_key(t), t)
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """One storage's identity: its data pointer (two views of one buffer share it)."""
+    return t.untyped_storage().data_ptr()
+
+
 class EmulatedGraph:
     """CPU stand-in for ``torch.cuda.CUDAGraph`` with capture/replay semantics."""
 
     def __init__(self) -> None:
         self._tape: list[Callable[[], None]] = []
+        self._memory = _Memory()
         self.captured = False
+
+    def external(self) -> list[torch.Tensor]:
+        """A tensor of every storage the captured work reads or writes that the capture did not allocate: memory
+        a CUDA graph reads by address, so whoever holds the graph must hold these (runtime/bound.py)."""
+        m = self._memory
+        return [t for k, t in m.touched.items() if k not in m.pool]
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
         if self.captured:
             raise ContractError("this graph was already captured; make a new one")
-        guard, rec = _SyncGuard(), _Recorder(self._tape)
+        guard, rec = _SyncGuard(), _Recorder(self._tape, self._memory)
 
-        def on_launch(fn: Callable[[], None]) -> None:
+        def on_launch(fn: Callable[[], None], tensors: tuple = ()) -> None:
+            self._memory.touch(tensors)
             guard.paused = rec.paused = True  # the interpreter's own tensor traffic is not graph work
             try:
                 fn()

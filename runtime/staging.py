@@ -11,11 +11,16 @@ a step moves, a torch op's dispatch costs more than the copy.
 
 Fields the batch only has on the device (a DSV4 ``out_cache_loc``; ``req_pool_indices`` when the
 engine keeps no ``req_pool_indices_cpu``, as SGLang never does; ``seq_lens`` when SGLang's EAGLE
-drafter runs without host mirrors) cannot be checked by the host without a sync, so they are guarded
-on the device (runtime/guard.py): out_graph copies the live values, in their own dtype, into a device
-buffer of the plan (one device->device copy after the packed copy, same stream, so ordered), and
-in_graph, recorded with the metadata kernels, checks and narrows them into the graph's buffer and
-writes the first bad value into a record the host reads in place; the next step raises it.
+drafter runs without host mirrors) cannot be checked by the host without a sync. out_graph copies
+their live values into the input's *feed* (an int64 buffer of the mode, the sentinel past the live
+rows; one device->device copy after the packed copy, same stream, so ordered), and the graph's
+``ingest`` (compiler/ir/ops_guard.py, fused into its first kernel) checks them there, writing the
+first bad value into the device record (runtime/record.py); the next step raises it. A host mirror
+is read only on the host: one on the device is refused by name, never checked late.
+
+Every staged step also writes the size it staged for (the *generation*, packed with the inputs) and
+clears the engine word: a graph replayed over another size's staging, or over the engine's buffers
+after a staged step, is a device fault the graph itself reports.
 
 Hazard: the pinned staging buffer is read by an asynchronous copy. Writing it again before that
 copy has run corrupts the previous step's inputs (seen in engines that plan back to back), so
@@ -31,11 +36,12 @@ import ctypes
 import numpy as np
 import torch
 
+from attnmeta.compiler.ir.ops_guard import SENTINEL
 from attnmeta.compiler.lowering.binding import Kind, Slot
 
 from .errors import BatchError
-from .guard import INTS as _INTS
-from .guard import DeviceGuard
+from .record import INTS as _INTS
+from .record import DeviceRecord, EngineWord
 from .stagegen import generate
 
 _UNSIGNED = {torch.int32: np.uint32, torch.int64: np.uint64}
@@ -54,7 +60,7 @@ class _Staged:
     host tensor of the slot's dtype: one memmove, then one unsigned max catches negatives too)."""
 
     def __init__(self, slot: Slot, host: torch.Tensor, dev: torch.Tensor | None, env: dict[str, int], dirty: list,
-                 full: torch.Tensor | None = None):
+                 full: torch.Tensor | None = None, feed: torch.Tensor | None = None, feed_top: list | None = None):
         self.slot, self.host, self.dev = slot, host, dev
         self.full = (host if full is None else full).numpy()  # the slot's rows at max_bs, shared by its sizes
         self.source, self.device_field = slot.source, slot.device_field
@@ -71,7 +77,8 @@ class _Staged:
             raise ValueError(f"{slot.source}: staged checks cover ranges [0 or 1, hi]; got [{self.lo}, {self.hi}]")
         self.dirty = dirty  # [n]: entries at n and beyond, to max_bs, hold the fill (shared by the mode's sizes)
         self.live, self.u_live, self.s_live = -1, None, None
-        self.raw, self.raw_top, self.field = None, 0, -1  # a device-only field's guarded copy (DeviceGuard.feed)
+        # the input's feed at max_bs (the mode's, shared by its sizes) and how many of its rows may hold values
+        self.feed, self.feed_top = feed, feed_top if feed_top is not None else [0]
 
     def write(self, src: torch.Tensor, live: int, capture: bool, name: str) -> None:
         if src.dtype is self.dtype and src.is_contiguous():
@@ -139,6 +146,32 @@ class _Staged:
             self.full[live:self.dirty[0]] = self.fill
         self.dirty[0] = live
 
+    def fed(self, src: torch.Tensor | None, live: int) -> None:
+        """This step's device values into the feed (``src``: ``live`` values, any integer dtype), every row a
+        larger step left back to the sentinel; ``src`` None: staged from the host, the feed all sentinel."""
+        if self.feed is None:  # no check reads it: straight into the graph's buffer
+            if src is not None and live:
+                self.dev[:live].copy_(src, non_blocking=True)
+            return
+        top = self.feed_top[0]
+        if src is not None and live:
+            self.feed[:live].copy_(src, non_blocking=True)
+        else:
+            live = 0
+        if top > live:
+            self.feed[live:top].fill_(SENTINEL)
+        self.feed_top[0] = live
+
+    def check_fed(self, src: torch.Tensor, name: str) -> None:
+        """The debugging mode (``ATTNMETA_SYNC_CHECKS=1``): device values checked now, in this step (a sync)."""
+        v = src.to(torch.int64)
+        bad = ((v < self.lo) | (v > self.hi)).nonzero()
+        if bad.numel():
+            r = int(bad[0, 0])
+            raise BatchError(f"this step staged {name}[{r}] = {int(v[r])} from the device, outside {self.lo}.."
+                             f"{self.hi} ({self.slot.why}); pass the host mirror to have it refused before the step, "
+                             "or fix the engine's batch")
+
 
 class Stager:
     """The staging of one plan: its slots, and the packed copy of its mode's staging bytes.
@@ -146,12 +179,13 @@ class Stager:
     common case and hands every other step to ``stage``, the general path."""
 
     def __init__(self, slots: list[_Staged], copies: list[tuple[torch.Tensor, torch.Tensor]], event: list,
-                 device: torch.device, guard: DeviceGuard | None = None):
+                 device: torch.device, record: DeviceRecord, word: EngineWord, generation: np.ndarray | None,
+                 bs: int):
         self.slots, self.copies, self.event, self.device = slots, copies, event, device
-        self.guard = guard or DeviceGuard(device)
-        self.guarded: list[tuple] = []  # this step's device-only checked fields, for in_graph
-        self.recorded: list[tuple] | None = None  # what the captured graph checks (set at capture)
-        self._recorded_ids: frozenset = frozenset()
+        self.record, self.word = record, word
+        # where each step writes (its size, the size of the graph that pads it): the graph's check reads it
+        # (ops_guard.py)
+        self.generation, self.sizes = generation, bs
         by_source = {s.source: k for k, s in enumerate(slots)}
         # per-row bounds between two slots: (slot, other slot, bound of slot - other, the spec's bound said)
         self.relations = [(k, by_source[s.slot.relation[0]], *s.slot.relation[1:]) for k, s in enumerate(slots)
@@ -172,13 +206,14 @@ class Stager:
         ev = self.event[0]
         if ev is not None:
             ev.synchronize()  # the previous H2D from this pinned buffer has finished reading it
-        self.guard.raise_pending()  # what the device checks of an earlier step found
+        self.record.raise_pending()  # what the device checks of an earlier step found
         late, hosted = [], {}
         for k, s in enumerate(self.slots):
             name, src = self._source(fb, s, raw)
             live, total = raw * s.per_row, bs * s.per_row
             if src is None:
                 s.pad(0, total)
+                s.fed(None, 0)
                 continue
             if not isinstance(src, torch.Tensor):  # an engine's host list (extend_seq_lens_cpu): the slow path
                 try:
@@ -195,21 +230,29 @@ class Stager:
                 if live:
                     s.write(src, live, capture, name)
                     hosted[k] = name
+                s.fed(None, 0)
             elif s.dev is None:
                 raise BatchError(f"{name} must be a host tensor: the spec reads it on the host")
+            elif name == s.source and s.device_field is not None:
+                raise BatchError(f"{name} is on {src.device}: it is the host mirror of {s.device_field}, which the "
+                                 "host "
+                                 "checks before anything runs; pass a CPU tensor (or None, and hand "
+                                 f"{s.device_field} alone: its values are then checked on the device, one step late)")
             elif src.device != self.device:
                 raise BatchError(f"{name} is on {src.device}, this backend on {self.device}")
             elif src.dtype not in _INTS:
                 raise BatchError(f"{name} must hold integers (torch.int32 or torch.int64), got {src.dtype}")
             else:
-                late.append((s, src.reshape(-1)[:live], live, total, s.device_field or s.source))
-            s.pad(live, total)
+                late.append((s, src.reshape(-1)[:live], live, name))
+            s.pad(0 if capture and not src.is_cpu else live, total)
         for k, j, bound, said in self.relations:
             if k in hosted and j in hosted:
                 self._check_relation(k, j, bound, said, raw, hosted)
+        if self.generation is not None:
+            self.generation[:] = self.sizes
         for dev, host in self.copies:
             dev.copy_(host, non_blocking=True)
-        self._guard_device_fields(late, raw, capture)
+        self.feed(late, capture)
         if self.copies and self.device.type == "cuda":
             if ev is None:  # Event.record() with no stream looks the stream up: 5x the cost of recording
                 self.event[:] = [torch.cuda.Event(), torch.cuda.current_stream()]
@@ -228,43 +271,15 @@ class Stager:
                              f"past its bound {said} (the keys it reads would not fit the context); "
                              f"{a.slot.fix}")
 
-    def _guard_device_fields(self, late: list, raw: int, capture: bool) -> None:
-        """Device-only fields after the packed copy: unchecked ones copied, checked ones fed to the guard
-        for in_graph (``guarded``). A replayed graph checks the fields its capture fed: one fed now but
-        not then is checked here, outside the graph; one captured but staged from the host this step is
-        fed from what the host staged, which the graph then checks again."""
-        g, self.guarded = self.guard, []
-        for s, src, live, total, name in late:
-            if s.full_range:
-                s.dev[:live].copy_(src, non_blocking=True)
-            else:
-                self.guarded.append(g.feed(s, src, live, total, name, capture))
-        if g.sync and self.guarded:  # the debugging mode: checked now, reported within the step
-            g.apply(self.guarded)
-            self.guarded = []
-            g.check_now()
-            return
-        if capture:
-            self.recorded, self._recorded_ids = list(self.guarded), frozenset(id(e[0]) for e in self.guarded)
-        elif self.recorded is not None and (fed := frozenset(id(e[0]) for e in self.guarded)) != self._recorded_ids:
-            g.apply([e for e in self.guarded if id(e[0]) not in self._recorded_ids])
-            for s, total, field in self.recorded:
-                if id(s) not in fed:
-                    live = raw * s.per_row
-                    g.feed(s, s.dev[:live], live, total, g.names[field], False)
-
-    def guard_fast(self, late: list, raw: int, capture: bool) -> None:
-        """The generated path's device guard: ``_guard_device_fields`` whenever it has work (fields fed this
-        step, a capture to record even with none, the last step's to drop, a captured graph's to feed); an
-        eager plan whose fields all came from the host, none fed before, skips it."""
-        if late or capture or self.guarded or self.recorded:
-            self._guard_device_fields(late, raw, capture)
-
-    def guard_feeds(self, bound: bool = False) -> list:
-        """in_graph's part of the device checks (``guard.ingest`` feeds, recorded with the metadata kernels when
-        captured); ``bound``: the plan's graph is bound to an engine's buffers and checks these only on staged
-        steps."""
-        return self.guard.feeds(self.guarded, when=0 if bound else -1)
+    def feed(self, late: list, capture: bool) -> None:
+        """Device-only fields after the packed copy: into their feeds, which the graph's check reads (a capture's
+        rows, the engine's dummy ones, are not fed: the graph reads the staged fill there). Clears the engine
+        word: this step's graph reads what was staged."""
+        for s, src, live, name in late:
+            if self.record.sync and not capture:
+                s.check_fed(src, name)
+            s.fed(None if capture else src, live)
+        self.word.set(0)
 
     @staticmethod
     def _source(fb, s: _Staged, raw: int):

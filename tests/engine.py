@@ -141,6 +141,8 @@ def padded_inputs(g, fb: ForwardBatch, bs: int, pools: dict) -> dict[str, torch.
         if i.role is Role.pool:
             out[i.name] = pools[i.name].cpu()
             continue
+        if i.role.guard:  # the device guard's: the interpreter's own step staged from the host
+            continue
         per = int(i.type.shape[0]) // bs if bs else 1
         src = getattr(fb, i.source, None)
         src = getattr(fb, i.name, None) if src is None else src

@@ -12,6 +12,9 @@
 #             through ATTNMETA_SANITIZE_FILES to split it)
 #   initrace  compute-sanitizer initcheck (kernels only, after a positive control; then whole) and racecheck over
 #             the staging, guard and graph tests, about 8
+#   safety    two backends on one set of engine buffers (tools/shared_buffers.py: SGLang's own and attnmeta's, triton
+#             and flashinfer, pages 1 and 16, 330 steps a block), then the same under compute-sanitizer memcheck (10
+#             steps a block), about 4
 #   bench     tools/bench_sglang.py against SGLang's own backends, page 1, with a profile at bs 64, about 3
 #   replay    SGLang's capture sequence on real graphs, and the replayed step on SGLang's own buffers against SGLang's
 #             own triton and flashinfer at pages 1 and 16, TRT-LLM MHA at 16 and fa3 at 1 and 16, every step compared,
@@ -71,6 +74,12 @@ for stage in "$@"; do
           -p no:cacheprovider > "$OUT/$name.log" 2>&1
         echo "$run: $(summary "$OUT/$name.log" | tr '\n' ' ')"
       done ;;
+    safety)
+      python3 tools/shared_buffers.py --kinds triton,flashinfer --pages 1,16 --steps 330 > "$OUT/shared.log" 2>&1
+      grep -E "steps, error|BatchError|marker" "$OUT/shared.log"
+      compute-sanitizer --tool memcheck --print-limit 5 python3 tools/shared_buffers.py --kinds triton,flashinfer \
+        --pages 1 --steps 10 > "$OUT/shared_memcheck.log" 2>&1
+      echo "memcheck: $(grep -E "steps, error|ERROR SUMMARY" "$OUT/shared_memcheck.log" | tr '\n' ' ')" ;;
     bench)
       python3 tools/bench_sglang.py --kinds triton,flashinfer,mla --pages 1 --iters 100 --profile 64 --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
       grep "^|" "$OUT/bench.log" ;;

@@ -22,6 +22,7 @@ Everything is computed in the recorded graph: compaction is a sort of the tokens
 from __future__ import annotations
 
 from attnmeta.compiler.ir import DType, SpecBuilder, V
+from attnmeta.runtime.metadata import ratio_prefix
 
 I32 = DType.int32
 SWA_PAGE = 256  # SGLang's SWA page size: a page holds whole c4 windows
@@ -84,7 +85,7 @@ def decode_plans(b: SpecBuilder, seq: V, p1: V, rpi: V, req_to_token: V, full_to
     for r in ratios:
         loc = _Ring(b, r, ring_size(r, speculative), rid, req_to_token, full_to_swa).pages(kk, p1, P1)
         words = b.where(b.compare("eq", kk, 1), loc, b.ewise("floordiv", loc, r))
-        out[f"c{r}_plan_d"] = b.where(b.compare("eq", kk, 0), first, words)
+        out[ratio_prefix(r) + "plan_d"] = b.where(b.compare("eq", kk, 0), first, words)
     return out
 
 
@@ -147,6 +148,6 @@ def verify_plans(b: SpecBuilder, D: int, own: V, j: V, seq: V, rpi: V, req_to_to
             kept = b.where(kept, kept, b.compare("ge", b.ewise("mod", pos, SWA_PAGE), SWA_PAGE - r))
         keep.append(kept)
         rows.append(b.where(b.compare("eq", kw, 0), _bc(b, k, 2), ring.loc(P2)))
-        names += [f"c{r}_plan_c", f"c{r}_plan_w"]
+        names += [ratio_prefix(r) + "plan_c", ratio_prefix(r) + "plan_w"]
     invalid = [(-1, 0, -1, -1), (-1, -1)] * len(ratios)
     return dict(zip(names, _compact(b, n, keep, rows, invalid, max_bs * D), strict=True))

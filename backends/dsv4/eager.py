@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from attnmeta.backends.dsv4.compress import ring_size  # the rings' sizes: a configuration table, not a formula
+from attnmeta.runtime.metadata import ratio_prefix
 
 PAGE, SWA, ALIGN = 256, 128, 64
 
@@ -47,10 +48,10 @@ class EagerDSV4Decode:
         for r, ring in self.rings.items():
             if fb.forward_mode.is_target_verify():
                 c, w = self.verify_plan(seq - 1, rpi, r, ring)
-                setattr(m, f"c{r}_plan_c", c)
-                setattr(m, f"c{r}_plan_w", w)
+                setattr(m, ratio_prefix(r) + "plan_c", c)
+                setattr(m, ratio_prefix(r) + "plan_w", w)
             else:
-                setattr(m, f"c{r}_plan_d", self.decode_plan(seq, rpi, r, ring))
+                setattr(m, ratio_prefix(r) + "plan_d", self.decode_plan(seq, rpi, r, ring))
         return m
 
     def indexer_schedule(self, lens):
@@ -115,8 +116,8 @@ class EagerDSV4Decode:
                             swa_topk_lengths=seq.clamp(max=SWA), swa_page_indices=pad_to_64(swa.int()),
                             swa_out_cache_loc=self.full_to_swa[loc.long()], page_table=page_table.int())
         for r in self.ratios:
-            setattr(m, f"c{r}_topk_lengths_clamp1", (seq // r).clamp(min=1))
-            setattr(m, f"c{r}_out_loc", torch.where(seq % r == 0, loc // r, 0))
+            setattr(m, ratio_prefix(r) + "topk_lengths_clamp1", (seq // r).clamp(min=1))
+            setattr(m, ratio_prefix(r) + "out_loc", torch.where(seq % r == 0, loc // r, 0))
         if 128 in self.ratios:
             j = torch.arange(2 * n_pages, device=seq.device)
             slots = page_table[:, j // 2] * 2 + j % 2

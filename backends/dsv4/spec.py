@@ -33,6 +33,7 @@ import attrs
 
 from attnmeta.compiler import BackendSpec, CompileOptions, ForwardMode, OptionsError
 from attnmeta.compiler.ir import DType, Graph, Kind, SpecBuilder
+from attnmeta.runtime.metadata import ratio_prefix
 
 from ..common import decode_inputs, sub_rows, verify_headroom
 from .compress import decode_plans, speculative, verify_plans
@@ -83,9 +84,9 @@ def upgrade(b: SpecBuilder, seq, rpi, out_loc, req_to_token, full_to_swa, rows: 
     for r in ratios:
         if r == 4:
             full["c4_topk_lengths_raw"] = raw[4]
-        full[f"c{r}_topk_lengths_clamp1"] = b.ewise("max", raw[r], 1)
+        full[ratio_prefix(r) + "topk_lengths_clamp1"] = b.ewise("max", raw[r], 1)
         aligned = b.compare("eq", b.ewise("mod", seq, r), 0)  # this token completes a compressed block
-        full[f"c{r}_out_loc"] = b.where(aligned, b.ewise("floordiv", out_loc, r), 0)
+        full[ratio_prefix(r) + "out_loc"] = b.where(aligned, b.ewise("floordiv", out_loc, r), 0)
     if 128 in ratios:
         full["c128_page_indices"] = _c128_pages(b, raw[128], rpi, req_to_token, rows)
     if 4 in ratios:

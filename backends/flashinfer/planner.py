@@ -55,7 +55,7 @@ class FlashInferDecodeAdapter:
     (``PREFILL_PLANNER``). ``use_tensor_cores`` (decode) defaults to SGLang's rule: on for
     grouped-query attention with 4 or more query heads per KV head.
 
-    ``planner``: ``"device"`` (the default) plans each step's split-KV partition on the GPU, in the
+    ``partition``: ``"device"`` (the default) plans each step's split-KV partition on the GPU, in the
     recorded graph, after one ``plan()`` per wrapper (``flashinfer_plan``), checked against FlashInfer's
     own planner before it is trusted; ``"host"`` keeps FlashInfer's host planner every step (the lean
     C++ call for decode, ``plan()`` for prefill).
@@ -66,11 +66,11 @@ class FlashInferDecodeAdapter:
 
     def __init__(self, backend, num_qo_heads: int, num_kv_heads: int, head_dim: int, q_dtype=torch.bfloat16,
                  kv_dtype=torch.bfloat16, workspace_bytes: int = WORKSPACE_BYTES, use_tensor_cores: bool | None = None,
-                 planner: str = "device", workspace: torch.Tensor | None = None):
-        if planner not in ("device", "host"):
-            raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
+                 partition: str = "device", workspace: torch.Tensor | None = None):
+        if partition not in ("device", "host"):
+            raise UserError(f"partition must be 'device' or 'host', got {partition!r}")
         self.fi = _flashinfer()  # the optional extra: fail here, not inside a step
-        self.device_plans = planner == "device"
+        self.device_plans = partition == "device"
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.dtypes = (q_dtype, kv_dtype)
         self.tensor_cores = num_qo_heads // num_kv_heads >= 4 if use_tensor_cores is None else use_tensor_cores
@@ -151,7 +151,7 @@ class FlashInferDecodeAdapter:
 
     def _required(self, site: Site, what: str):
         if site.state.device is None:
-            why = ("this adapter was made with planner='host'" if not self.device_plans else
+            why = ("this adapter was made with partition='host'" if not self.device_plans else
                    f"the device planner does not repeat FlashInfer {self.fi.__version__}'s {what} planner for this "
                    f"wrapper (it repeats {', '.join('.'.join(map(str, v)) for v in DEVICE_PLAN_VERSIONS)}; a "
                    "disagreement is logged)")

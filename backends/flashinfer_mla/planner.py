@@ -4,7 +4,7 @@ stand-in.
 One graph-mode ``BatchMLAPagedAttentionWrapper`` per planner site, built on the four fields the
 spec binds (``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``kv_lens``), sharing one float
 workspace. The first call of a site runs FlashInfer's ``plan()`` (it picks the kernel module and
-fixes the plan info). With ``planner="device"``, from then on, for decode and target verify (every
+fixes the plan info). With ``partition="device"``, from then on, for decode and target verify (every
 request the same query rows), the partition is planned on the GPU after the metadata graph
 (``flashinfer_mla_plan``): checked once against FlashInfer's own planner on synthetic batches and the
 first one, then no host work per step. Otherwise, and where that cannot be (another FlashInfer,
@@ -59,7 +59,7 @@ class FlashInferMLAAdapter:
 
     ``num_heads``: query heads on this rank; ``kv_lora_rank`` and ``qk_rope_head_dim``: the
     compressed-KV and rope widths (DeepSeek-V3: 512 and 64); ``sm_scale``: the model's softmax
-    scale (SGLang's ``model_config.scaling``); ``planner``: ``"device"`` (the default: the partition
+    scale (SGLang's ``model_config.scaling``); ``partition``: ``"device"`` (the default: the partition
     planned on the GPU where it can be, checked against FlashInfer's first; no host planner per step,
     at a GPU cost of tens to hundreds of µs per step, docs/BENCHMARKS.md) or ``"host"`` (FlashInfer's
     C++ planner every step, about 100 µs of host time, none on the GPU). A site's state holds
@@ -69,10 +69,10 @@ class FlashInferMLAAdapter:
     def __init__(self, backend, num_heads: int, kv_lora_rank: int = 512, qk_rope_head_dim: int = 64,
                  sm_scale: float | None = None, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                  workspace: torch.Tensor | None = None, workspace_bytes: int = WORKSPACE_BYTES,
-                 planner: str = "device"):
-        if planner not in ("device", "host"):
-            raise UserError(f"planner must be 'device' or 'host', got {planner!r}")
-        self.device_plans = planner == "device"
+                 partition: str = "device"):
+        if partition not in ("device", "host"):
+            raise UserError(f"partition must be 'device' or 'host', got {partition!r}")
+        self.device_plans = partition == "device"
         self.fi = _flashinfer()
         self.heads, self.ckv, self.kpe = num_heads, kv_lora_rank, qk_rope_head_dim
         # the scale of the unabsorbed head (nope 128 + rope 64 in DeepSeek-V3) is the model's; by default

@@ -164,6 +164,15 @@ def draft_extend(b: SpecBuilder, T: int, seq_lens, rpi, req_to_token, options: C
     return b.build()
 
 
+def not_a_drafter(options: CompileOptions, name: str = "triton") -> None:
+    """A draft window is the multi-step drafter's (multistep_triton reads it); compiled into triton itself it would
+    be silently unread."""
+    w = options.of(TritonOptions).draft_window
+    if w:
+        raise OptionsError(f"draft_window={w}: only EAGLE's multi-step drafter attends through a draft window, and "
+                           f"{name!r} is not one; compile multistep_{name} (--draft-window), or leave it 0")
+
+
 SPEC = BackendSpec("triton", build, (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND),
                    doc="Triton split-KV decode: kv_indptr, kv_indices, num_kv_splits on device; no planner",
-                   options_type=TritonOptions, windows=True)
+                   options_type=TritonOptions, windows=True, check=not_a_drafter)

@@ -23,7 +23,8 @@ Interval = tuple[int | None, int | None]
 # op -> {operand position: role}: the operands that index memory
 _INDEX = {Op.ragged_gather: {1: "row", 2: "length"}, Op.page_table: {1: "row", 2: "length"},
           Op.gather_rows: {1: "row"}}
-_FLOW = {Op.copy: (0,), Op.cast: (0,), Op.repeat: (0,), Op.slice: (0,), Op.flatten: (0,), Op.lookup: (0,),
+_FLOW = {Op.ingest: (0,), Op.copy: (0,), Op.cast: (0,), Op.repeat: (0,), Op.slice: (0,), Op.flatten: (0,),
+         Op.lookup: (0,),
          Op.where: (1, 2), Op.ewise_const: (0,)}
 
 
@@ -54,6 +55,28 @@ def _index_roles(g: Graph) -> dict[str, set[str]]:
         if i.role is Role.batch and i.kind is not Kind.value:
             roles[i.name].add(i.kind.value)
     return roles
+
+
+def kind_range(kind: Kind, hi, dtype) -> tuple[int, sympy.Expr]:
+    """(lo, hi) every live value of a batch input of ``kind`` is checked against: a length from 0 to its
+    declared bound (``hi``, else L), a pool row from 1 (row 0 is reserved) to R - 1, a KV slot up to N - 1,
+    anything else its dtype's range. ``hi`` may still name config symbols, R and N."""
+    if kind is Kind.length:
+        return 0, sympy.sympify(hi if hi is not None else SYMBOLS["L"])
+    if kind is Kind.row:
+        return 1, SYMBOLS["R"] - 1
+    if kind is Kind.slot:
+        return 0, SYMBOLS["N"] - 1
+    info = dtype_range(dtype)
+    return info[0], sympy.Integer(info[1])
+
+
+def dtype_range(dtype) -> tuple[int, int]:
+    """An integer dtype's range; a float's or a bool's (no index, no range check) the int64 one."""
+    import torch
+
+    info = torch.iinfo(dtype.torch if dtype.value in ("i32", "i64", "u8") else torch.int64)
+    return int(info.min), int(info.max)
 
 
 def _input_range(i, env: dict[str, int], roles: set[str], inputs: dict) -> Interval:
@@ -124,7 +147,7 @@ def value_ranges(g: Graph, roles: dict[str, set[str]] | None = None) -> dict[str
         elif n.op is Op.where:
             (l1, h1), (l2, h2) = ins[1], ins[2]
             r[n.name] = (None if None in (l1, l2) else min(l1, l2), None if None in (h1, h2) else max(h1, h2))
-        elif n.op in (Op.copy, Op.cast, Op.repeat, Op.slice, Op.flatten, Op.sort_rows) or (
+        elif n.op in (Op.copy, Op.cast, Op.repeat, Op.slice, Op.flatten, Op.sort_rows, Op.ingest) or (
                 n.op in (Op.reduce, Op.reduce_rows) and a["fn"] in ("max", "min")):
             r[n.name] = ins[0]
         elif n.op in (Op.lookup, Op.ragged_gather, Op.gather_rows, Op.page_table):

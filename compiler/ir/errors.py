@@ -68,11 +68,11 @@ class UnknownName(UserError, KeyError):
     rule = "unknown-name"
 
 
-class BatchError(UserError):
-    """A batch a backend cannot serve as given: names the field, the row, the value and the limit (or the mode
-    or size it was not compiled for)."""
+class NotCompiled(UserError):
+    """A (mode, batch size) a compiled backend was not compiled for: names what it was (the runtime raises it to a
+    serving loop as its ``BatchError``)."""
 
-    rule = "batch"
+    rule = "not-compiled"
 
 
 class ContractError(UserError, RuntimeError):

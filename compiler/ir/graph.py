@@ -26,6 +26,19 @@ _ROWWISE = (Op.ewise, Op.ewise_const, Op.cast, Op.compare, Op.where, Op.copy, Op
 class Role(enum.Enum):
     batch = "batch"  # per-step ForwardBatch field, rows padded to the captured bs
     pool = "pool"  # persistent tensor bound once (req_to_token, KV pool)
+    # the device guard's inputs (added by guard-inputs; the runtime binds them, no batch field does):
+    feed = "feed"  # a device batch input's values handed over on the device, copied by out_graph (int64; past the
+    #                live rows the sentinel: there the staged value, the fill, is read)
+    engine = "engine"  # the engine's own buffer of a batch input, which a graph captured on it reads in place
+    #                    (bound to the input's feed where no engine buffer is)
+    word = "word"  # the backend's engine word: 1 while a step's graph reads the engine's buffers, else 0
+    generation = "generation"  # the batch size the mode's staging was last written for (staged every step)
+    record = "record"  # the device-fault record: pinned and mapped, the device writes it, the host reads it in place
+
+    @property
+    def guard(self) -> bool:
+        """One of the device guard's inputs (not a batch field, not a pool)."""
+        return self not in (Role.batch, Role.pool)
 
 
 class Kind(enum.Enum):
@@ -50,6 +63,7 @@ class Use(enum.Enum):
     value = "value"  # an in_graph intermediate a fused kernel may store, or a constant
     crossing = "crossing"  # an out_graph device value the graph reads
     host = "host"  # an out_graph host value
+    feed = "feed"  # a device batch input's feed (guard-inputs): the sentinel until a step feeds it
 
 
 ALIGN = 16  # bytes: every region starts aligned for any dtype and vector copies
@@ -97,7 +111,7 @@ class Input:
     origin: str = ""
     mirror: str | None = None  # host field holding the same values (staged from it: no device read)
     kind: Kind = Kind.value
-    hi: Dim | None = attrs.field(default=None, converter=lambda d: None if d is None else dim(d))  # kind's bound
+    hi: Dim | None = attrs.field(default=None, converter=lambda d: None if d is None else dim(d, names=True))  # bound
 
     @property
     def source(self) -> str:

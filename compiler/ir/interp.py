@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from .errors import UserError
-from .graph import Graph
+from .graph import Graph, Role
 from .ops import OPS, Op
+from .ops_guard import SENTINEL
 
 
 class InterpError(UserError):
@@ -24,9 +25,13 @@ def eval_graph(g: Graph, inputs: dict[str, torch.Tensor],
     env: dict[str, torch.Tensor | None] = {}
     written = written or {}
     for i in g.inputs:
-        if i.name not in inputs:
+        if i.name in inputs:
+            env[i.name] = inputs[i.name].cpu()
+        elif not i.role.guard:
             raise InterpError(f"graph {g.name!r} needs input %{i.name} ({i.type})")
-        env[i.name] = inputs[i.name].cpu()
+    for i in g.inputs:  # the device guard's, where not given: a step staged from the host for this graph's size
+        if i.name not in env:
+            env[i.name] = _staged_step(g, i, env)
     calls = []
     for n in g.nodes:
         args = [env[x] for x in n.inputs]
@@ -35,6 +40,24 @@ def eval_graph(g: Graph, inputs: dict[str, torch.Tensor],
         env[n.name] = written[n.name].cpu() if n.name in written and n.op is Op.full else OPS[n.op].ref(args, n.a)
     out = {o.field: env[o.value] for o in g.outputs}
     return out
+
+
+def _staged_step(g: Graph, i, env: dict) -> torch.Tensor:
+    """A guard input of a step staged from the host (guard-inputs): no value fed from the device (every feed row
+    the sentinel; the engine's buffer is the feed), the engine word clear, the staging written for the graph's own
+    size, a fresh record."""
+    if i.role in (Role.feed, Role.engine):
+        x = i.name.removesuffix("__feed").removesuffix("__engine")
+        return torch.full((env[x].numel(),), SENTINEL, dtype=torch.int64)
+    if i.role is Role.generation:  # the graph's own size: what an ingest reads its rows as (ops_guard.graph_rows)
+        from .ops_guard import graph_rows
+
+        n = next(n for n in g.nodes if n.op is Op.ingest)
+        rows = graph_rows([env[x] if x in env else None for x in n.inputs], n.a)
+        return torch.tensor([rows, rows], dtype=torch.int32)
+    if i.role is Role.word:
+        return torch.tensor(0, dtype=torch.int32)
+    return torch.zeros(4, dtype=torch.int64)
 
 
 def valid_prefix(g: Graph, outs: dict[str, torch.Tensor | None], field: str) -> torch.Tensor:

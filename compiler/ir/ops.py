@@ -15,6 +15,7 @@ import attrs
 import sympy
 import torch
 
+from . import ops_guard as gd
 from . import ops_index as ix
 from .errors import ShapeError
 from .fns import EWISE, REDUCE
@@ -71,6 +72,7 @@ class Op(enum.Enum):
     flatten = "flatten"
     clamp = "clamp"
     log2_scale = "log2_scale"
+    ingest = "ingest"
 
 
 @attrs.frozen
@@ -177,6 +179,8 @@ def _infer_ragged_gather(ins, a):
     table, rows, *per_row = ins
     if len(table.shape) != 2:
         raise ShapeError(f"ragged_gather table must be 2-D [rows, L], got {table}")
+    ix.integers("ragged_gather", rows=rows, **{w: t for w, t in zip(("lens", "indptr", "split", "shift", "split2",
+                                                                   "shift2"), per_row, strict=False)})
     for t, w in zip((rows, *per_row), ("rows", "lens", "indptr", "split", "shift", "split2", "shift2"), strict=False):
         _one_d(t, f"ragged_gather {w}")
     return TensorType(table.dtype, (a["capacity"],), rows.placement)
@@ -301,6 +305,12 @@ OPS: dict[Op, OpInfo] = {
     Op.gather_rows: OpInfo(3, {}, ix.infer_gather_rows, ix.ref_gather_rows, True,
                            doc="out[i, j] = table[rows[i], cols[i, j]], -1 where cols is outside the row; a row "
                                "outside the table reads row 0"),
+    Op.ingest: OpInfo(None, {"field": str, "code": int, "lo": int, "hi": _DIM, "hi_of": tuple, "engine_lo": int,
+                             "clamp": bool, "per_row": int, "captured": tuple, "index": bool,
+                             "sized": bool}, gd.infer_ingest, gd.ref_ingest, True,
+                      doc="a device batch input as the kernels read it: staged, fed from the device or the engine's "
+                          "own buffer (the word says), checked against [lo, hi], a bad value replaced and recorded "
+                          "(ops_guard.py)"),
 }
 
 

@@ -71,11 +71,21 @@ def ref_where(ins, a):
     return torch.where(ins[0], ins[1], ins[2])
 
 
+def integers(op: str, **operands) -> None:
+    """Operands that index memory (rows, lengths, columns) must be integers: a float has no exact row, a bool
+    no range."""
+    for what, t in operands.items():
+        if t.dtype not in (DType.int32, DType.int64):
+            raise ShapeError(f"{op} {what} index memory and must be integers (DType.int32 or int64), got {t}; "
+                             f"declare the input they come from with an integer dtype")
+
+
 def infer_page_table(ins, a):
     table, rows, lens = ins
     _rank(table, 2, "page_table table")
     _rank(rows, 1, "page_table rows")
     _rank(lens, 1, "page_table lens")
+    integers("page_table", rows=rows, lens=lens)
     return TensorType(DType.int32, (rows.shape[0], a["width"]), rows.placement)
 
 
@@ -99,6 +109,10 @@ def ref_page_table(ins, a):
 def infer_repeat(ins, a):
     (x,) = ins
     _rank(x, 1, "repeat input")
+    t = a["times"]
+    if getattr(t, "is_Integer", False) and int(t) < 1 or getattr(t, "is_negative", False):
+        raise ShapeError(f"repeat times must be >= 1 (each entry at least once), got {t}; an empty result "
+                         "holds no metadata")
     return attrs.evolve(x, shape=(x.shape[0] * a["times"],))
 
 
@@ -161,6 +175,7 @@ def infer_gather_rows(ins, a):
     _rank(table, 2, "gather_rows table")
     _rank(rows, 1, "gather_rows rows")
     _rank(cols, 2, "gather_rows cols")
+    integers("gather_rows", rows=rows, cols=cols)
     if cols.shape[0] != rows.shape[0]:
         raise ShapeError(f"gather_rows needs one column row per row: {rows} vs {cols}")
     return attrs.evolve(cols, dtype=table.dtype)

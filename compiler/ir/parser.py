@@ -110,13 +110,13 @@ class _Cursor:
         except ValueError:
             self.fail(f"{what} must be one of {[e.value for e in cls]}, got {word!r}", at)
 
-    def dim(self, text: str, at: int):
+    def dim(self, text: str, at: int, names: bool = False):
         text = text.strip()
         if text.startswith("?"):
             return Dynamic(text[1:])
         try:
-            return dim(text)
-        except (sympy.SympifyError, TypeError, SyntaxError) as e:
+            return dim(text, names)
+        except (sympy.SympifyError, TypeError, SyntaxError, ValueError) as e:
             self.fail(f"not a dimension expression: {text!r} ({e})", at)
 
     def type(self) -> TensorType:
@@ -197,7 +197,7 @@ def _input(c: _Cursor) -> Input:
         elif key == "kind":
             kw["kind"] = c.enum(Kind, "an input kind")
         else:
-            kw["hi"] = c.dim(c.string(), at)
+            kw["hi"] = c.dim(c.string(), at, names=True)
     origin = c.string() if c.take("@") else ""
     c.end()
     return Input(name, t, role, kw.get("fill"), origin, kw.get("mirror"), kw.get("kind", Kind.value), kw.get("hi"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import re
 
 import attrs
 import sympy
@@ -78,8 +79,9 @@ SYMBOL_NAMES = ("bs", "max_bs", "R", "N", "L", "P", "W", "T", "D", "K", "S", "SW
 SYMBOLS = {n: sympy.Symbol(n, integer=True, nonnegative=True) for n in SYMBOL_NAMES}
 
 
-def dim(x: int | str | sympy.Expr | Dynamic) -> Dim:
-    """Normalise an int, a symbol name, an expression or a Dynamic to a Dim."""
+def dim(x: int | str | sympy.Expr | Dynamic, names: bool = False) -> Dim:
+    """Normalise an int, a symbol name, an expression or a Dynamic to a Dim; ``names``: other names may appear
+    (a bound naming another input, ``"L - D + extend_seq_lens"``)."""
     if isinstance(x, Dynamic):
         return x
     if isinstance(x, bool):
@@ -87,7 +89,7 @@ def dim(x: int | str | sympy.Expr | Dynamic) -> Dim:
     if isinstance(x, int):
         return sympy.Integer(x)
     if isinstance(x, str):
-        return _parse_dim(x)
+        return _parse_dim(x, names)
     return x if x.is_Atom else _simplify(x)
 
 
@@ -118,9 +120,24 @@ def _simplify(x: sympy.Expr) -> sympy.Expr:
     return sympy.expand(x)
 
 
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_FUNCS = {"ceiling", "floor", "Max", "Min", "max", "min", "ceil"}
+
+
 @functools.lru_cache(maxsize=4096)
-def _parse_dim(s: str) -> sympy.Expr:
-    return sympy.sympify(s, locals=SYMBOLS)
+def _parse_dim(s: str, names: bool = False) -> sympy.Expr:
+    unknown = sorted({n for n in _NAME.findall(s) if n not in SYMBOLS and n not in _FUNCS})
+    if unknown and not names:
+        raise ValueError(f"{s!r} names {', '.join(repr(n) for n in unknown)}, which is no symbol; an extent is an "
+                         f"int or an expression over {', '.join(SYMBOL_NAMES)} (e.g. 'bs + 1', 'max_bs*L')")
+    try:
+        local = {n: sympy.Symbol(n, integer=True) for n in unknown}  # another input's name (a per-row bound)
+        d = sympy.sympify(s, locals={**local, **SYMBOLS, "ceil": sympy.ceiling, "max": sympy.Max, "min": sympy.Min})
+    except (sympy.SympifyError, TypeError, SyntaxError) as e:
+        raise ValueError(f"{s!r} is not an expression of extents ({str(e).splitlines()[0][:80]})") from None
+    if not isinstance(d, sympy.Expr):
+        raise ValueError(f"{s!r} is not an expression of extents")
+    return d
 
 
 def dim_str(d: Dim) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from ..ir.graph import Kind, aligned
 from ..ir.graph import Space as IRSpace  # the IR's three spaces; Memory splits them by device
+from ..ir.graph import Use as IRUse
 from ..ir.types import SYMBOLS
 from ..modes import ForwardMode
 
@@ -64,6 +65,12 @@ class ArgKind(enum.Enum):
     view = "view"  # rows [start, stop) of another argument (a TBO child's batch rows)
     device = "device"  # the torch device
     planners = "planners"  # the plan's planner calls: host_call node -> its planner bound to its site
+    # the device guard's (guard-inputs):
+    feed = "feed"  # a device input's feed: the plan's int64 buffer of values handed over on the device
+    engine = "engine"  # the engine's buffer of a device input: the feed (``of``) until a capture binds one
+    word = "word"  # the backend's engine word
+    generation = "generation"  # the staged batch size, in the staging buffer's device twin
+    record = "record"  # the backend's device-fault record (pinned, mapped)
 
 
 @attrs.frozen
@@ -116,6 +123,8 @@ class Slot:
     # keys, seq - extend + D, fit L); checked where both are staged from the host
     relation: tuple[str, int, str] | None = attrs.field(default=None, converter=lambda r: None if r is None else
                                                          (r[0], int(r[1]), r[2]))  # (+ the spec's bound, said)
+    feed: Span | None = None  # the device input's feed, where in_graph checks it (guard-inputs)
+    engine: str | None = None  # the in_graph argument an engine's own buffer of it binds to at capture
 
     def bounds(self, env: dict[str, int]) -> tuple[int, int]:
         """(lo, hi) with the pool sizes bound; an unbound N (no slot table) leaves the dtype's max."""
@@ -150,6 +159,9 @@ class Binding:
     fields: tuple[tuple[str, Arg], ...]  # every other field: the static argument holding it
     local_bytes: tuple[tuple[Memory, int], ...]  # this plan's own constant buffers, allocated at bind
     sites: tuple[PlannerSite, ...] = ()  # its planners, in out_graph order
+    generation: Span | None = None  # where a step writes its size and the size of the graph that pads it (checked)
+    generation_for: int = 0  # the size of the graph that pads this plan's staging (ops_guard.pad_target)
+    guards: tuple[tuple[int, str], ...] = ()  # the device record's codes: (code, the field it checks)
 
     def describe(self) -> str:
         """Everything the runtime binds, one line each: what a reader checks against the code."""
@@ -202,6 +214,7 @@ def pool_specs(inputs, env: dict[str, int]) -> tuple[PoolSpec, ...]:
 class Layout:
     sizes: tuple[tuple[Memory, int], ...]  # bytes of each shared space
     bases: tuple[tuple[ForwardMode, tuple[tuple[str, int], ...]], ...]  # mode -> IR space -> base offset
+    feeds: tuple[tuple[int, int], ...] = ()  # arena (offset, bytes) of every guarded input's feed: the sentinel
 
     def size(self, space: Memory) -> int:
         return dict(self.sizes).get(space, 0)
@@ -214,14 +227,15 @@ def link(generic: dict) -> Layout:
     """One layout for every mode of a backend: each mode's regions (pack-inputs, plan-buffers) at a
     base of its own in every space, so no two modes ever share memory."""
     end = dict.fromkeys(IRSpace, 0)
-    bases = []
+    bases, feeds = [], []
     for mode, g in generic.items():
         bases.append((mode, tuple((s.value, end[s]) for s in IRSpace)))
+        feeds += [(end[IRSpace.arena] + b.offset, b.nbytes) for b in g.buffers if b.use is IRUse.feed]
         for s in IRSpace:
             end[s] += mode_bytes(g, s)
     sizes = ((Memory.staging_host, end[IRSpace.staging]), (Memory.staging_dev, end[IRSpace.staging]),
              (Memory.arena, end[IRSpace.arena]), (Memory.host, end[IRSpace.host]))
-    return Layout(sizes, tuple(bases))
+    return Layout(sizes, tuple(bases), tuple(feeds))
 
 
 def mode_bytes(g, space) -> int:

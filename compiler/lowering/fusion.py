@@ -195,11 +195,10 @@ def load(k: FusedKernel):
     return _LOADED.get(k.fn_name, lambda: load_source(k.fn_name, k.source))
 
 
-def load_source(name: str, source: str, loose: tuple[str, ...] = ()):
-    """Function ``name`` of ``source``, written to a file of that name and jitted; ``loose``: parameters Triton
-    must not specialize on their values."""
-    from .triton_kernels import jit
-
+def module_file(name: str, source: str):
+    """The module ``source``, written to ``<name>.py`` under the kernel directory (``ATTNMETA_KERNEL_DIR``, else the
+    temp dir) and imported: generated code runs from a file a person can open (Triton also reads a jitted
+    function's source from disk). A name is its text's hash where equal text may recur."""
     d = os.environ.get("ATTNMETA_KERNEL_DIR") or os.path.join(tempfile.gettempdir(), "attnmeta-kernels")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"{name}.py")
@@ -211,5 +210,13 @@ def load_source(name: str, source: str, loose: tuple[str, ...] = ()):
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    fn = getattr(mod, name)  # the source has no decorator: one place jits
+    return mod
+
+
+def load_source(name: str, source: str, loose: tuple[str, ...] = ()):
+    """Function ``name`` of ``source``, written to a file of that name and jitted; ``loose``: parameters Triton
+    must not specialize on their values."""
+    from .triton_kernels import jit
+
+    fn = getattr(module_file(name, source), name)  # the source has no decorator: one place jits
     return jit(fn, do_not_specialize=list(loose)) if loose else jit(fn)

@@ -176,7 +176,8 @@ def lower(g: Graph, mode: ForwardMode, stable: frozenset[str], base: dict[str, i
                       tuple(map(at, sk.crossing)), sk.planned, tuple((f, at(a)) for f, a in sk.fields),
                       places.local_bytes(local_regions),
                       tuple(attrs.evolve(s, inputs=tuple(map(at, s.inputs)),
-                                         binds=tuple((r, at(a)) for r, a in s.binds)) for s in sk.sites))
+                                         binds=tuple((r, at(a)) for r, a in s.binds)) for s in sk.sites),
+                      places.generation(), places.generation_for(), places.guards())
     return LoweredPlan(g, sk.out_gm, sk.in_gm, sk.const_gm, binding, sk.kernels)
 
 
@@ -192,9 +193,14 @@ def _skeleton(g: Graph, places: Places, consts, local, views) -> _Skeleton:
     def resolve(x: str) -> Arg:
         if x in inputs:
             i = inputs[x]
+            if i.role.guard:
+                return _guard_arg(i)
             return Arg(x, ArgKind.pool) if i.role is Role.pool else Arg(x, ArgKind.batch, Q("batch", x))
         if x in views:
             src = inputs[g.node(x).inputs[0]]
+            if src.role in (Role.feed, Role.engine):  # a TBO child's rows of a feed, or of the engine's buffer
+                feed = src.name.removesuffix("__engine").removesuffix("__feed") + "__feed"
+                return Arg(x, ArgKind.view, Q("feed", feed), src.name if src.role is Role.engine else None)
             pool = src.role is Role.pool
             return Arg(x, ArgKind.view, None if pool else Q("batch", src.name), src.name if pool else None)
         if x in local:
@@ -266,6 +272,19 @@ def _skeleton(g: Graph, places: Places, consts, local, views) -> _Skeleton:
     const_gm = cb.module([])
     return _Skeleton(out_gm, in_gm, const_gm, tuple(ob.args), tuple(ib.args), tuple(cb.args),
                      tuple(resolve(x) for x in crossing), planned, tuple(meta), tuple(kernels), sites)
+
+
+def _guard_arg(i) -> Arg:
+    """The device guard's inputs (guard-inputs): a feed and the engine buffer that defaults to it, the staged
+    generation, and what the backend owns (the word, the record)."""
+    if i.role is Role.feed:
+        return Arg(i.name, ArgKind.feed, Q("feed", i.name))
+    if i.role is Role.engine:
+        feed = i.name.removesuffix("__engine") + "__feed"
+        return Arg(i.name, ArgKind.engine, Q("feed", feed), feed)
+    if i.role is Role.generation:
+        return Arg(i.name, ArgKind.generation, Q("batch", i.name))
+    return Arg(i.name, ArgKind.word if i.role is Role.word else ArgKind.record)
 
 
 def _sites(g: Graph, out_nodes, meta: dict[str, Arg], planned, resolve, places) -> tuple[PlannerSite, ...]:

@@ -1,6 +1,5 @@
-"""The fx target of a fused group: its Triton kernel's launcher (with a prologue's variant when one is
-pending, compiler/lowering/ingest.py), or on CPU tensors without Triton's interpreter the group's ops one
-by one through the kernel table."""
+"""The fx target of a fused group: its Triton kernel's launcher, or on CPU tensors without Triton's interpreter
+the group's ops one by one through the kernel table."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import torch
 
 from ..ir import Graph
 from .kernels import KERNELS, kernel_kwargs
-from .launch import take_prologue
 from .memo import Memo
 
 
@@ -50,8 +48,6 @@ def _group(g: Graph, group: list[str], stored: list[str], fk, triton_run):
         ins, res = xs[:n_args], xs[n_args:]
         if not torch_on(res[0] if res else ins[0]):
             return triton_run(*xs)
-        if (p := take_prologue()) is not None:  # op by op here: the check runs as launches of its own, first
-            p.apart()
         env: dict[str, torch.Tensor] = {}
         for n, kw in zip(nodes, kws, strict=True):
             args = [env[x] if x in env else ins[at[x]] for x in n.inputs]
@@ -59,7 +55,7 @@ def _group(g: Graph, group: list[str], stored: list[str], fk, triton_run):
         return res
 
     run.__name__ = fk.fn_name
-    run.kernel = fk  # the runtime asks whether a step's graph starts with a fused kernel (a prologue's host)
+    run.kernel = fk
     return run
 
 
@@ -68,39 +64,26 @@ def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
 
 
-def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple, extra: tuple = ()):
+def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple):
     """Launch fused kernel ``fn`` (compiled by Triton) on ``xs`` (its inputs, then the buffers it stores):
     one program per row of input ``row``, each 2-D or lookup table input passed with its (row stride,
-    width, rows), the batch size, ``extra`` (a prologue's arguments) and the next power of two of the batch
-    size. The one launcher: the runtime's and the standalone script's (script.py)."""
+    width, rows), the batch size and the next power of two of the batch size. The one launcher: the runtime's and
+    the standalone script's (script.py)."""
     from .launch import launch
 
     ins, res = xs[:n_args], xs[n_args:]
     bs = ins[row].shape[0]
     strides = [v for k in tables for v in _table_dims(ins[k])]
     block = 1 << (bs - 1).bit_length()
-    launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, *extra, BLOCK=block, **meta))
+    launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta), *ins, *res)
     return res
-
-
-_VARIANTS = Memo("fused kernels with a prologue", 4096)
 
 
 def _make_launcher(fk, fn, tables, row):
     meta, n_args = dict(fk.meta), len(fk.args)
 
-    def variant(p):
-        from .fusion import load_source
-        from .ingest import prologue_variant
-
-        source, name, loose = prologue_variant(fk.source, fk.fn_name, p)
-        return load_source(name, source, tuple(loose))
-
     def run(*xs):
-        if (p := take_prologue()) is None:
-            return launch_rows(fn, meta, n_args, tables, row, xs)
-        g = _VARIANTS.get((fk.fn_name, p.key), lambda: variant(p))
-        return launch_rows(g, meta, n_args, tables, row, xs, p.args)
+        return launch_rows(fn, meta, n_args, tables, row, xs)
 
     run.__name__ = fk.fn_name
     return run

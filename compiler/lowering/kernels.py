@@ -10,10 +10,12 @@ import sympy
 import torch
 
 from ..ir import OPS, Node, Op
+from ..ir import ops_guard as gd
 from ..ir import ops_index as ix
 from ..ir.ops import EWISE, REDUCE
 from ..ir.types import DType, Placement
 from . import triton_kernels
+from .launch import launch
 
 
 def kernel_kwargs(n: Node) -> dict:
@@ -27,7 +29,7 @@ def kernel_kwargs(n: Node) -> dict:
         elif isinstance(v, tuple):
             v = [int(d) for d in v]
         elif isinstance(v, sympy.Expr):
-            v = int(v)
+            v = int(v) if v.is_Integer else str(v)  # a bound naming a pool's extent (ingest's hi): its text
         kw[k] = v
     return kw
 
@@ -186,6 +188,15 @@ def k_gather_rows(table, rows, cols, out=None):
     return _into(ix.ref_gather_rows([table, rows, cols], {}), out)
 
 
+def k_ingest(*ins, out=None, **a):
+    """The device check on CPU tensors: one opaque launch (its reads of the word, the generation and the record
+    are the device's own, so an emulated capture records it whole, as a CUDA graph records the kernel)."""
+    shape = ins[-1 - bool(a["sized"])].shape if a["index"] else ins[0].shape  # a lookup's: its index's
+    res = out if out is not None else torch.empty(shape, dtype=ins[0].dtype, device=ins[0].device)
+    launch(lambda: res.copy_(gd.ref_ingest(ins, a)), *ins, res)
+    return res
+
+
 KERNELS: dict[Op, Callable] = {
     Op.outer: k_outer, Op.gather_rows: k_gather_rows, Op.flatten: k_flatten,
     Op.clamp: k_clamp, Op.log2_scale: k_log2_scale, Op.slice: k_slice, Op.split_at: k_split_at,
@@ -195,5 +206,6 @@ KERNELS: dict[Op, Callable] = {
     Op.full: k_full, Op.arange: k_arange, Op.cumsum: k_cumsum, Op.cast: k_cast, Op.ewise: k_ewise,
     Op.ewise_const: k_ewise_const, Op.ragged_gather: k_ragged_gather, Op.reduce: k_reduce, Op.item: k_item,
     Op.to_host: k_to_host, Op.to_device: k_to_device, Op.nonzero: k_nonzero, Op.host_call: k_host_call,
+    Op.ingest: k_ingest,
 }
 assert set(KERNELS) == set(OPS), "every op in the table needs a lowering"

@@ -4,7 +4,11 @@ Every Triton launch goes through ``launch`` so that a graph emulator (the
 runtime's CPU stand-in for CUDA graphs) can record it: the Triton CPU
 interpreter does not go through torch's dispatcher, so the emulator could not
 see it otherwise. The hook lives here, not in runtime/, to keep the
-dependency direction compiler <- runtime.
+dependency direction compiler <- runtime. A launch names the tensors it
+reads and writes, so the emulator can tell which memory a captured graph
+touches (what its plan must keep alive); it is read when a kernel is
+launched eagerly or captured, never by a replay (a replayed graph runs no
+Python).
 """
 
 from __future__ import annotations
@@ -12,25 +16,15 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 
-LaunchHook = Callable[[Callable[[], None]], None]
+LaunchHook = Callable[[Callable[[], None], tuple], None]
 LAUNCH_HOOK: contextvars.ContextVar[LaunchHook | None] = contextvars.ContextVar("attnmeta_launch_hook", default=None)
 
 
-def launch(fn: Callable[[], None]) -> None:
+def launch(fn: Callable[[], None], *tensors) -> None:
+    """Run ``fn`` (one kernel launch over ``tensors``), or hand it to the emulator's hook."""
     hook = LAUNCH_HOOK.get()
     if hook is None:
         fn()
     else:
-        hook(fn)
+        hook(fn, tensors)
 
-
-# Work the next fused kernel launched runs first, inside itself (the runtime's range check of the step's
-# device values, ``ingest.Prologue``): set by the runtime around a step's metadata graph, taken by its first
-# fused kernel, so a captured step is one graph node.
-PROLOGUE: contextvars.ContextVar[list | None] = contextvars.ContextVar("attnmeta_prologue", default=None)
-
-
-def take_prologue():
-    """The pending prologue, now no longer pending; None when there is none."""
-    pending = PROLOGUE.get()
-    return pending.pop() if pending else None

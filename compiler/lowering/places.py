@@ -12,6 +12,7 @@ import sympy
 import torch
 
 from ..ir import Graph
+from ..ir.analysis import kind_range
 from ..ir.errors import InternalError
 from ..ir.graph import Kind, Space, Use, aligned
 from ..ir.types import SYMBOLS
@@ -48,6 +49,38 @@ class Places:
             raise LoweringError(f"{self.g.name}: batch input %{x} has no staging slot; pack-inputs must run")
         host = self.inputs[x].type.placement.on_host
         return self._span(Memory.staging_host if host else Memory.staging_dev, Space.staging, b.offset, x)
+
+
+    def feed(self, x: str) -> Span:
+        """A guarded input's feed: its arena region (guard-inputs, plan-buffers) at this plan's size."""
+        b = self._buf(Space.arena, Use.feed, x)
+        return self._span(Memory.arena, Space.arena, b.offset, x)
+
+    def generation(self) -> Span | None:
+        """The staging slot the runtime writes each step's size into, host side (guard-inputs)."""
+        b = next((b for b in self.g.buffers if b.space is Space.staging and b.values and
+                  self.inputs[b.values[0]].role.guard), None)
+        return None if b is None else self._span(Memory.staging_host, Space.staging, b.offset, b.values[0])
+
+    def generation_for(self) -> int:
+        """The size of the graph that pads a staging of this plan (ops_guard.pad_target; its own size where it has a
+        graph of its own)."""
+        from ..ir import Op
+        from ..ir.ops_guard import pad_target
+
+        n = next((n for n in self.g.nodes if n.op is Op.ingest), None)
+        return 0 if n is None else pad_target(self.g.env["bs"], n.a["captured"])
+
+    def guards(self) -> tuple[tuple[int, str], ...]:
+        """The record's codes of this plan's ingest nodes, and the fields they check."""
+        from ..ir import Op
+        from ..ir.ops_guard import GENERATION
+
+        out = []
+        for n in self.g.nodes:
+            if n.op is Op.ingest:
+                out += [(int(n.a["code"]), n.a["field"]), (int(n.a["code"]) | GENERATION, "the staging generation")]
+        return tuple(out)
 
     def field(self, f: str) -> Span:
         b = self.bufs.get((Space.host, Use.field, f))
@@ -107,6 +140,8 @@ class Places:
         slot_of = {v: b.name for b in self.g.buffers if b.space is Space.staging for v in b.values}
         for b in (b for b in self.g.buffers if b.space is Space.staging):
             ins = [self.inputs[v] for v in b.values]
+            if any(i.role.guard for i in ins):  # the generation: the runtime's own, not a batch field
+                continue
             dev = next((i for i in ins if not i.type.placement.on_host), None)
             first = ins[0]
             per_row = b.nbytes // max(1, self.max_bs * first.type.dtype.torch.itemsize)
@@ -118,10 +153,13 @@ class Places:
             lo, hi, why, fix = self._bounds(kind, declared, first)
             rel_in = next((i for i in ins if i.relation is not None), None)
             rel = None if rel_in is None else rel_in.relation
+            guarded = dev is not None and f"{dev.name}__feed" in self.inputs
             out.append(Slot(b.name, dev.name if dev is not None and dev.name != b.name else None, host,
                             None if dev is None else Span(Memory.staging_dev, base, host.dtype, (n,)),
                             per_row, per_row * self.max_bs, first.fill or 0, kind, lo, hi, why, fix,
-                            None if rel is None else self._relation(rel_in.name, slot_of[rel[0]], rel)))
+                            None if rel is None else self._relation(rel_in.name, slot_of[rel[0]], rel),
+                            self.feed(f"{dev.name}__feed") if guarded else None,
+                            f"{dev.name}__engine" if guarded else None))
         return tuple(out)
 
     def _env(self) -> dict:
@@ -135,26 +173,27 @@ class Places:
 
     def _bounds(self, kind: Kind, declared, i) -> tuple[int, sympy.Expr, str, str]:
         env = self._env()
-        info = torch.iinfo(i.type.dtype.torch)
+        lo, hi = kind_range(kind, declared, i.type.dtype)
+        hi = sympy.sympify(hi.xreplace(env))
         if kind is Kind.length:
-            hi = declared if declared is not None else SYMBOLS["L"]
-            L, room = self.g.env["L"], sympy.expand(SYMBOLS["L"] - hi)
+            L, room = self.g.env["L"], sympy.expand(SYMBOLS["L"] - (declared if declared is not None else
+                                                                   SYMBOLS["L"]))
             fix = "recompile with a larger --max-context-len, or shorten the request"
             if room == 0:
                 why = f"max_context_len={L}"
             elif room.is_Integer and room > 0:
                 why = f"max_context_len={L} less the {room} slots {self.mode.name.lower()} reads past each sequence"
-            elif hi == SYMBOLS["D"]:
+            elif declared == SYMBOLS["D"]:
                 why = f"num_draft_tokens={self.g.env['D']}"
                 fix = "a request extends by at most num_draft_tokens tokens; recompile with a larger --num-draft-tokens"
             else:
-                why = str(hi)
-            return 0, sympy.sympify(hi.xreplace(env)), why, fix
+                why = str(declared)
+            return lo, hi, why, fix
         if kind is Kind.row:
-            return 1, SYMBOLS["R"] - 1, "the rows of req_to_token (row 0 is reserved for padding)", ""
+            return lo, hi, "the rows of req_to_token (row 0 is reserved for padding)", ""
         if kind is Kind.slot:
-            return 0, SYMBOLS["N"] - 1, "the KV slots of the pool", ""
-        return info.min, sympy.Integer(info.max), f"the range of {i.type.dtype.value}", ""
+            return lo, hi, "the KV slots of the pool", ""
+        return lo, hi, f"the range of {i.type.dtype.value}", ""
 
     def copies(self) -> tuple[tuple[Span, Span], ...]:
         """The mode's staging bytes: one packed host->device copy per step, of every input's rows to

@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import sympy
+import torch
 
 from ..ir import Node, Op
+from ..ir.ops_guard import GENERATION, SENTINEL, hi_symbols
 from ..passes.rowforms import OUTER_FNS, ROWFORMS
 
 BIN = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "min": "tl.minimum({a}, {b})",
@@ -186,6 +189,116 @@ def _emit_where(e, n: Node, f: str) -> str:
     return e.emit(e.name(n, f), f"tl.where({c}, {a}, {b})")
 
 
+def _ingest_once(e, n: Node) -> tuple[str, str, str]:
+    """Per kernel, once per ingest node: the word and the bounds, and program 0's record of the first bad row it
+    reads (and, once per kernel on a staged step, of a generation outside the graph's range). Returns (engine?,
+    lo, hi)."""
+    staged, feed, engine, word, gen, record, *rest = n.inputs
+    key = ("ingest", n.name)
+    if key in e.memo:
+        return e.memo[key]
+    x, a = e.nm(n.name), n.a
+    if not a["index"] and staged not in e.row_args:  # its length is the kernel's row count
+        e.row_args.append(staged)
+    if ("word", word) not in e.memo:  # one load of the word per kernel
+        e.memo[("word", word)] = e.emit(f"eng_{x}", f"tl.load({e.arg(word)}) == 1",
+                                        "the word: this step's graph reads the engine's buffers")
+    eng = e.memo[("word", word)]
+    first_check = ("generation", gen) not in e.memo  # one check of the generation per kernel
+    e.memo[("generation", gen)] = True
+    lo = e.emit(f"lo_{x}", f"tl.where({eng}, {lit(a['engine_lo'])}, {lit(a['lo'])})")
+    hi = e.emit(f"hi_{x}", guard_hi(e, n), f"the largest {a['field']} allowed")
+    rec, code, sent = e.arg(record), int(a["code"]), lit(SENTINEL)
+    if a["sized"] or a["index"]:  # the graph's rows: the whole input's length, passed when the kernel launches
+        _, _, width = e.table(n.inputs[-1] if a["sized"] else staged)
+        rows = f"({width} // {int(a['per_row'])})"
+    else:
+        rows = f"(n_rows // {int(a['per_row'])})"
+    at = _ingest_rows(e, n, "v")
+    vs, vf, ve = _ingest_loads(e, n, at, "m", eng)
+    row = f"tl.sum(tl.where(offs == first, {at}, 0), axis=0)" if a["index"] else "first"
+    e.lines += [
+        f"    if i == 0:  # the record: %{n.name}'s first bad row ({a['field']}), or a staging of another size",
+        f"        vs = {vs}",
+        f"        vf = {vf}",
+        f"        ve = {ve}",
+        f"        v = tl.where({eng}, ve, tl.where(vf == {sent}, vs, vf))",
+        f"        bad = m & ((v < {lo}) | (v > {hi})) & ({eng} | (vf != {sent}))",
+        "        first = tl.min(tl.where(bad, offs, n_rows), axis=0)",
+        *([f"        g = tl.load({e.arg(gen)}).to(tl.int64)  # the staged size",
+           f"        gp = tl.load({e.arg(gen)} + 1).to(tl.int64)  # the size of the graph that pads it",
+           f"        if ({eng} == 0) & (g != {rows}) & (gp != {rows}):",
+           f"            if tl.load({rec}) == 0:",
+           f"                tl.store({rec} + 1, {code | GENERATION} + 0 * g)",
+           f"                tl.store({rec} + 2, {rows} + 0 * g)",
+           f"                tl.store({rec} + 3, g)",
+           f"                tl.store({rec}, 1 + 0 * g)"] if first_check else []),
+        "        if first < n_rows:",
+        f"            if tl.load({rec}) == 0:",
+        "                fv = tl.sum(tl.where(offs == first, v, 0), axis=0)",
+        f"                tl.store({rec} + 1, {code} + 0 * fv)",
+        f"                tl.store({rec} + 2, ({row}).to(tl.int64))",
+        f"                tl.store({rec} + 3, fv)",
+        f"                tl.store({rec}, 1 + 0 * fv)",
+    ]
+    e.memo[key] = (eng, lo, hi)
+    return e.memo[key]
+
+
+def _ingest_rows(e, n: Node, f: str) -> str:
+    """The rows an ingest reads in form ``f``: this program's (``i``) or every row (``offs``); at a lookup's
+    rows, those its index names, guarded as a lookup guards them (outside the input: row 0)."""
+    if not n.a["index"]:
+        return "i" if f == "s" else "offs"
+    idx = e.val(n.inputs[-1 - bool(n.a["sized"])], f)
+    _, _, size = e.table(n.inputs[0])  # the input's length, passed at launch: one kernel serves every size
+    return e.emit(f"{f}x_{e.nm(n.name)}", f"tl.where(({idx} >= 0) & ({idx} < {size}), {idx}, 0)",
+                  "the rows a lookup reads, guarded")
+
+
+def _ingest_loads(e, n: Node, at: str, mask: str | None, eng: str) -> tuple[str, str, str]:
+    """The staged, fed and engine values at rows ``at`` (``mask``: the rows a vector form may read)."""
+    staged, feed, engine = n.inputs[:3]
+    m = f", mask={mask}, other=0" if mask else ""
+    em = f", mask={mask} & {eng}, other=0" if mask else f", mask={eng}, other=0"
+    return (f"tl.load({e.arg(staged)} + {at}{m}).to(tl.int64)", f"tl.load({e.arg(feed)} + {at}{m}).to(tl.int64)",
+            f"tl.load({e.arg(engine)} + {at}{em}).to(tl.int64)")
+
+
+def lit(v: int) -> str:
+    """An integer literal Triton reads as one (the int64 minimum is no literal of its own)."""
+    return "(-9223372036854775807 - 1)" if v == -(2**63) else str(v)
+
+
+def guard_hi(e, n: Node) -> str:
+    """An ingest's upper bound as kernel code: its expression with each pool extent it names read off the pool's
+    table arguments (its rows or its width); one no pool gives is the dtype's largest value."""
+    hi, pairs = n.a["hi"], [int(v) for v in n.a["hi_of"]]
+    syms = hi_symbols(hi)
+    if len(pairs) != 2 * len(syms):
+        return str(torch.iinfo(e.types[n.inputs[0]].dtype.torch).max)
+    sub = {}
+    for k, s in enumerate(syms):
+        pool, axis = n.inputs[pairs[2 * k]], pairs[2 * k + 1]
+        _, _, width = e.table(pool)
+        one_d = len(e.types[pool].shape) == 1
+        sub[s] = sympy.Symbol(width if axis == 1 or one_d else f"nrows_{e.nm(pool)}")
+    return f"({sympy.sstr(hi.xreplace(sub))})"
+
+
+def _emit_ingest(e, n: Node, f: str) -> str:
+    staged = n.inputs[0]
+    eng, lo, hi = _ingest_once(e, n)
+    x, sent = e.nm(n.name), lit(SENTINEL)
+    loads = _ingest_loads(e, n, _ingest_rows(e, n, f), None if f == "s" else "m", eng)
+    vs, vf, ve = (e.emit(f"{f}{w}_{x}", ld) for w, ld in zip("sfe", loads, strict=True))
+    v = e.emit(f"{f}v_{x}", f"tl.where({eng}, {ve}, tl.where({vf} == {sent}, {vs}, {vf}))")
+    bad = e.emit(f"{f}b_{x}", f"(({v} < {lo}) | ({v} > {hi})) & ({eng} | ({vf} != {sent}))")
+    safe = f"tl.minimum(tl.maximum({v}, {lo}), {hi})" if n.a["clamp"] else "0"
+    dt = TL[e.types[staged].dtype.value]
+    return e.emit(e.name(n, f), f"tl.where({bad}, {safe}, {v}).to({dt})", f"%{n.name}: {n.a['field']}, checked")
+
+
 ROWEMIT: dict[Op, RowEmit] = {
     Op.ewise: RowEmit(_emit_ewise),
     Op.ewise_const: RowEmit(_emit_ewise_const),
@@ -204,6 +317,7 @@ ROWEMIT: dict[Op, RowEmit] = {
     Op.ragged_gather: RowEmit(None, _store_gather),
     Op.page_table: RowEmit(None, _store_page_table),
     Op.repeat: RowEmit(None, _store_repeat),
+    Op.ingest: RowEmit(_emit_ingest),
 }
 assert set(ROWEMIT) == set(ROWFORMS), \
     f"every fusible op needs its Triton form: {sorted(o.value for o in set(ROWFORMS) ^ set(ROWEMIT))}"

@@ -11,6 +11,7 @@ import inspect
 import torch.fx as fx
 
 from ..ir import Graph
+from ..ir.ops_guard import SENTINEL
 from .binding import Arg, ArgKind, Binding, Kind
 from .fx import _Builder
 
@@ -69,6 +70,16 @@ def _consts(g: Graph) -> fx.GraphModule:
     return b.module(outs)
 
 
+# what a step staged from the host binds the device guard's inputs to (ops_guard.py): no value fed from the device
+# (the feed all sentinel, the engine's buffer the feed itself), the word clear, this size's generation, a fresh
+# record
+GUARD = {ArgKind.feed: f"torch.full({{shape}}, {SENTINEL}, dtype=torch.int64, device=dev)",
+         ArgKind.engine: f"torch.full({{shape}}, {SENTINEL}, dtype=torch.int64, device=dev)",
+         ArgKind.word: "torch.zeros(1, dtype=torch.int32, device=dev)",
+         ArgKind.generation: "torch.full((2,), {bs}, dtype=torch.int32, device=dev)",
+         ArgKind.record: "torch.zeros(4, dtype=torch.int64, pin_memory=torch.cuda.is_available())"}
+
+
 def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
     """Code making each argument of the plan (buffers as zeros, pools and batch fields as sample data
     inside their ranges), and the expression each argument name is passed as."""
@@ -87,6 +98,10 @@ def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
         made.add(var)
         if a.kind is ArgKind.view:
             views.append(a)
+            continue
+        if a.kind in GUARD:  # the device guard's: a step staged from the host for this size
+            lines.append(f"    {var} = {GUARD[a.kind].format(bs=bs, shape=tuple(a.span.shape) if a.span else ())}")
+            expr[a.name] = var
             continue
         r = a.span
         if a.kind is ArgKind.pool:
@@ -113,8 +128,9 @@ def _arguments(b: Binding, g: Graph) -> tuple[list[str], dict[str, str]]:
             place = "'cpu'" if r.space.on_host else "dev"
             lines.append(f"    {var} = torch.zeros({tuple(r.shape)}, dtype={r.dtype}, device={place})")
         expr[a.name] = var
-    for a in views:  # a TBO child's rows of a batch input (or a pool)
-        src = f"pool_{a.of}" if a.of else f"batch_{g.node(a.name).inputs[0]}"
+    for a in views:  # a TBO child's rows of a batch input (or a pool, a feed, the engine's buffer)
+        x = g.node(a.name).inputs[0]
+        src = f"pool_{a.of}" if a.of and a.of not in expr and x not in expr else expr.get(x, f"batch_{x}")
         expr[a.name] = f"{src}[{a.start}:{a.stop}]"
     return lines, expr
 

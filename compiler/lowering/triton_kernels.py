@@ -76,11 +76,14 @@ def ragged_gather(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, i
     if n == 0:
         return out
     if torch_on(out):
-        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, *jumps))  # one opaque launch
+        # one opaque launch
+        launch(lambda: _ragged_gather_torch(table, rows, lens, indptr, out, *jumps), table, rows, lens, indptr, out,
+               *jumps)
         return out
     pairs = (*jumps, *(lens,) * (4 - len(jumps)))  # unread placeholders for the pairs not given
     args = (table, table.stride(0), table.shape[1], table.shape[0], rows, lens, indptr, *pairs, out, out.shape[0])
-    launch(lambda: _ragged_gather_kernel[(n,)](*args, JUMPS=len(jumps) // 2, BLOCK=GATHER_BLOCK))
+    launch(lambda: _ragged_gather_kernel[(n,)](*args, JUMPS=len(jumps) // 2, BLOCK=GATHER_BLOCK),
+           *(a for a in args if isinstance(a, torch.Tensor)))
     return out
 
 

@@ -81,8 +81,9 @@ def _dynamic(g: Graph, f: Facts) -> Iterator[Violation]:
 @rule("host-value-in-graph")
 def _host_value(g: Graph, f: Facts) -> Iterator[Violation]:
     types = g.types()
+    mapped = {i.name for i in g.inputs if i.role is Role.record}  # the device-fault record: the device writes it
     for n in g.region_nodes(Region.in_graph):
-        host_ins = [x for x in n.inputs if types[x].placement.on_host and x not in f.scalars]
+        host_ins = [x for x in n.inputs if types[x].placement.on_host and x not in f.scalars and x not in mapped]
         if host_ins:
             yield Violation("host-value-in-graph", n.name, n.origin,
                             f"in_graph {n.op.value} reads host value(s) "

@@ -4,7 +4,7 @@ import attrs
 
 from ..ir import Graph, Region
 from .registry import PassContext, register_pass
-from .rowforms import ROWFORMS, Fit
+from .rowforms import OWN, ROWFORMS, Fit
 
 
 def fusible(n, types, group: set[str], rows: int, unheld: frozenset[str] = frozenset()) -> bool:
@@ -22,7 +22,9 @@ def row_space(n, types, rows_of: dict[str, int] | None = None) -> int | None:
     if all(types[x].shape == () for x in n.inputs) and rows_of:
         return next((rows_of[x] for x in n.inputs if x in rows_of), None)
     form = ROWFORMS.get(n.op)
-    if form is not None and form.rows_from >= 0:
+    if form is not None and form.rows_from == OWN:
+        shape = n.type.shape
+    elif form is not None and form.rows_from >= 0:
         shape = types[n.inputs[form.rows_from]].shape
     else:  # a 2-D value's rows are its first dimension
         shape = next((types[x].shape for x in n.inputs if len(types[x].shape) in (1, 2)), None)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..ir import Graph, Region
+from ..ir import Graph, Region, Role
 from ..ir.graph import Buffer, Space, Use, aligned
 from .registry import PassContext, register_pass
 
@@ -16,6 +16,7 @@ def plan_buffers(g: Graph, ctx: PassContext) -> Graph:
     - ``arena``: each device metadata field (its own region, even when two fields hold one
       value); each in_graph intermediate (a fused kernel may store it, or it is a constant);
       each out_graph device value the graph reads (a crossing);
+    - ``arena`` too: each guarded input's feed (guard-inputs);
     - ``host``: each host metadata field, and each other out_graph host value (written in
       place every step, never allocated).
 
@@ -34,6 +35,9 @@ def plan_buffers(g: Graph, ctx: PassContext) -> Graph:
         return types[x].numel(env) * types[x].dtype.torch.itemsize
 
     want: list[tuple[Space, Use, str, str]] = []
+    for i in g.inputs:  # each guarded input's feed (guard-inputs): the runtime fills it with the sentinel
+        if i.role is Role.feed:
+            want.append((Space.arena, Use.feed, i.name, i.name))
     host_inputs = {i.name for i in g.inputs if i.type.placement.on_host}  # a field may read their staging slot
     for o in g.outputs:
         if static(o.value) and o.value not in host_inputs:

@@ -47,11 +47,15 @@ class Fit:
         return t.shape[1] if len(t.shape) == 2 and t.shape[0] == self.rows and t.shape[1].is_Integer else None
 
 
+OWN = -2  # RowForm.rows_from: the node's own row count
+
+
 @attrs.frozen
 class RowForm:
     fusible: Callable[[Node, Fit], bool]
     held: bool = True  # a program holds its row as a value (a page table is only stored)
-    rows_from: int = -1  # the operand whose leading extent is the node's row count (-1: the first per-row one)
+    rows_from: int = -1  # the operand whose leading extent is the node's row count (-1: the first per-row one;
+    #                      OWN: the node's own leading extent)
 
 
 # --- fusibility ---
@@ -110,6 +114,18 @@ def _page_table_ok(n: Node, fit: Fit) -> bool:
     return n.inputs[0] not in fit.group and fit.row_like(n.inputs[1]) and fit.row_like(n.inputs[2])
 
 
+def _ingest_ok(n: Node, fit: Fit) -> bool:
+    staged, feed, engine, word, gen, _record, *rest = n.inputs
+    whole = rest.pop() if n.a["sized"] else None  # the whole input, read for its length only
+    idx = rest.pop() if n.a["index"] else None
+    tables = (staged, feed, engine) if idx is not None else ()  # a lookup reads the input as a table
+    rows = (idx,) if idx is not None else (staged, feed, engine)
+    # the word (a scalar) and the generation (two words) are device values every program reads whole
+    return (n.type.shape == (fit.rows,) and all(fit.row_like(x) for x in (*rows, word))
+            and not fit.types[gen].placement.on_host
+            and not any(x in fit.group for x in (gen, *tables, *rest, *((whole,) if whole else ()))))
+
+
 def _per_row_input(n: Node, fit: Fit) -> bool:
     return _rows_of(n.inputs[0], fit)
 
@@ -132,6 +148,7 @@ ROWFORMS: dict[Op, RowForm] = {
     Op.ragged_gather: RowForm(_ragged_gather_ok, held=False, rows_from=1),
     Op.page_table: RowForm(_page_table_ok, held=False, rows_from=1),
     Op.repeat: RowForm(_per_row_input, held=False),
+    Op.ingest: RowForm(_ingest_ok, rows_from=OWN),
 }
 # ops that never join a fused kernel: host work, syncs, data-dependent shapes, constants (made at bind),
 # views (slices), and whole-row reorders no program can do on its own row alone

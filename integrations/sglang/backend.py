@@ -19,6 +19,7 @@ import torch
 from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.runtime import BatchError
+from attnmeta.runtime.engine import Path
 
 from .kinds import sglang
 from .options import rank_heads, resolved_options, sliding_window
@@ -94,11 +95,11 @@ class TritonBackend(CompiledModes, _SGLangTriton):
         return mask_in_place(v, getattr(self, "verify_mask", None))
 
 
-def device_planned(planner: str) -> bool:
+def device_planned(partition: str) -> bool:
     """Compile FlashInfer specs without host indptrs (``plan_on_device``) where the installed FlashInfer's
     partition is one attnmeta plans on the GPU: SGLang's EAGLE workers hand the backends no host lengths
     (``seq_lens_cpu`` is None), and then a host planner would have nothing to plan from."""
-    if planner != "device":
+    if partition != "device":
         return False
     from attnmeta.backends.flashinfer.planner import DEVICE_PLAN_VERSIONS, _flashinfer, _version
 
@@ -184,7 +185,10 @@ def mask_in_place(v, vm) -> tuple | None:
     SGLang's EAGLE worker writes it when the backend owns one); other modes need nothing more."""
     if not v.forward_mode.is_target_verify():
         return ()
-    return None if vm is None else (("v.spec_info.custom_mask", vm.buffer.data_ptr()),)
+    return None if vm is None else ((CUSTOM_MASK, vm.buffer),)
+
+
+CUSTOM_MASK = Path(("spec_info", "custom_mask"))
 
 
 def own_verify_mask(backend):
@@ -236,7 +240,7 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
     spec_name, sglang_name = "flashinfer", "flashinfer"
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None,
-                 init_new_workspace: bool = False, *, compiled=None, planner: str = "device"):
+                 init_new_workspace: bool = False, *, compiled=None, partition: str = "device"):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, kv_last_page_len_buf, init_new_workspace)
         mc = model_runner.model_config
         self.num_head, self.num_kv_head = rank_heads(model_runner)
@@ -250,14 +254,14 @@ class FlashInferBackend(CompiledModes, _SGLangFlashInfer):
             # SGLANG_FLASHINFER_USE_PAGED; docs/SGLANG.md)
             self.use_paged = True
         wanted = resolved_options(model_runner, self, num_heads=self.num_head, num_kv_heads=self.num_kv_head,
-                                  backend=FlashInferOptions(plan_on_device=device_planned(planner)), **window)
+                                  backend=FlashInferOptions(plan_on_device=device_planned(partition)), **window)
         self._attach(compiled, wanted, self.req_to_token_pool.req_to_token, model_runner.device, **pools)
         from attnmeta.backends.flashinfer.planner import FlashInferDecodeAdapter
 
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, self.num_head, self.num_kv_head, self.head_dim,
                                                q_dtype=mc.dtype, kv_dtype=self.flashinfer_kv_cache_dtype,
                                                workspace=self.workspace_buffer,
-                                               use_tensor_cores=self.decode_use_tensor_cores, planner=planner)
+                                               use_tensor_cores=self.decode_use_tensor_cores, partition=partition)
 
     _reads_host_lengths = host_planned
 

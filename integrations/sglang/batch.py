@@ -19,6 +19,7 @@ from typing import Any
 from attnmeta.compiler.ir.errors import ContractError
 from attnmeta.compiler.modes import ForwardMode
 from attnmeta.runtime import BatchError
+from attnmeta.runtime.engine import Path
 
 # SGLang's mode name -> attnmeta's. SGLang's DSV4 and EAGLE serve draft extend in its V2 layout only
 # (T query slots per request), which is the layout attnmeta's DRAFT_EXTEND plans.
@@ -55,11 +56,10 @@ def _padding(fb: Any, mode: ForwardMode, bs: int, width: int) -> int:
     return padding
 
 
-# How a field of the view is read off SGLang's own batch where it is not an attribute of the same name
-# (draft extend V2 keeps its lengths on spec_info), for the replay check of runtime/engine.py.
-ENGINE_PATHS = {"extend_seq_lens": "EXTEND(v)"}
-ENGINE_HELPERS = {"EXTEND": lambda fb: _first(getattr(fb, "extend_seq_lens", None),
-                                              getattr(fb.spec_info, "extend_seq_lens_tensor", None))}
+# Where a field of the view sits on SGLang's own batch where it is not an attribute of the same name (draft extend
+# V2 keeps its lengths on spec_info), for the replay check of runtime/engine.py: as the view is filled, the first
+# of the paths that holds a value, every step.
+ENGINE_PATHS = {"extend_seq_lens": (Path(("extend_seq_lens",)), Path(("spec_info", "extend_seq_lens_tensor")))}
 
 
 class BatchView:

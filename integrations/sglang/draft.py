@@ -20,6 +20,7 @@ import logging
 from attnmeta.backends.flashinfer.spec import FlashInferOptions
 from attnmeta.backends.triton.spec import TritonOptions
 from attnmeta.compiler.ir.errors import OptionsError
+from attnmeta.runtime.engine import Fed, Path
 
 from .backend import device_planned, host_planned, split_scratch, swa_scratch
 from .kinds import KINDS, sglang
@@ -39,13 +40,14 @@ class _Drafter(CompiledModes):
     sglang_name = ""
     # SGLang's EagleDraftCudaGraphRunner copies a round's rows, lengths and slots into its buffers, then hands
     # out_graph the batch itself when it padded no row (``num_padding`` 0) and replays that size's graph
-    _fed = "v.num_padding == 0"
+    fed = Fed(Path(("num_padding",)), 0)
 
     def _shape(self, m, v):
         return [self._step_shape(m, s) for s in range(len(self.attn_backends))]
 
-    def _published(self, shaped) -> tuple:
-        return tuple((child, "forward_metadata", meta) for child, meta in zip(self.attn_backends, shaped, strict=True))
+    def _publish(self, shaped) -> None:
+        for child, meta in zip(self.attn_backends, shaped, strict=True):
+            child.forward_metadata = meta
 
     def _step_shape(self, m, step: int):
         raise NotImplementedError
@@ -106,7 +108,7 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
 
     spec_name = "multistep_flashinfer"
 
-    def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None, planner="device"):
+    def __init__(self, model_runner, topk: int, speculative_num_steps: int, *, compiled=None, partition="device"):
         if getattr(model_runner, "sliding_window_size", None):
             # SGLang 0.5.23's own FlashInfer drafter cannot be built there either: its children share one indptr
             # buffer per step, which it allows for one wrapper only (an assertion in FlashInferAttnBackend)
@@ -124,11 +126,11 @@ class FlashInferDraftBackend(_Drafter, _SGLangFlashInferDraft):
         heads = (*rank_heads(model_runner), mc.head_dim)
         wanted = resolved_options(model_runner, c, modes=("decode", "idle"), topk=topk,
                                   num_steps=speculative_num_steps, num_heads=heads[0], num_kv_heads=heads[1],
-                                  backend=FlashInferOptions(plan_on_device=device_planned(planner)))
+                                  backend=FlashInferOptions(plan_on_device=device_planned(partition)))
         self._attach(compiled, wanted, model_runner.req_to_token_pool.req_to_token, model_runner.device)
         self.adapter = FlashInferDecodeAdapter(self.attnmeta, *heads, q_dtype=mc.dtype,
                                                kv_dtype=c.flashinfer_kv_cache_dtype, workspace=c.workspace_buffer,
-                                               use_tensor_cores=c.decode_use_tensor_cores, planner=planner)
+                                               use_tensor_cores=c.decode_use_tensor_cores, partition=partition)
 
     _reads_host_lengths = host_planned
 
@@ -149,13 +151,13 @@ def patch_draft_factory(prefix: str = "attnmeta_") -> None:
     original = DraftBackendFactory._create_backend
 
     def _create_backend(self, backend_name, backend_map, error_template, stamps_children=False):
-        from .options import planner
+        from .options import partition
 
         runner, extra = self.draft_model_runner, {}
         mla = getattr(runner, "use_mla_backend", False)
         for row in (k for k in KINDS if k.drafts):
             name = prefix + row.name
-            fi = planner() if row.flashinfer else {}  # ATTNMETA_PLANNER reaches FlashInfer's kinds only
+            fi = partition() if row.flashinfer else {}  # ATTNMETA_PLANNER reaches FlashInfer's kinds only
             if stamps_children and row.drafter is None:
                 extra[name] = backend_map[row.name]  # SGLang's own multi-step drafter of that kind
             elif stamps_children:  # draft decode: a multi-step container (on MLA, SGLang's own: no planner choice)

@@ -19,6 +19,7 @@ from attnmeta.backends.dsv4.indexer import PAGE as INDEX_PAGE
 from attnmeta.backends.dsv4.spec import PAGE
 from attnmeta.compiler.ir.errors import UserError
 from attnmeta.compiler.modes import ForwardMode
+from attnmeta.runtime.metadata import ratio_prefix
 
 RATIOS = (4, 128)  # DeepSeek-V4's compression ratios, the ones the dsv4 spec plans
 
@@ -29,10 +30,10 @@ def compress_metadata(meta, ratio: int):
 
     if ratio not in (4, 128):
         raise UserError(f"DSV4 compresses at ratios 4 and 128, not {ratio}")
-    decode = getattr(meta, f"c{ratio}_plan_d", None)
+    decode = getattr(meta, ratio_prefix(ratio) + "plan_d", None)
     if decode is not None:
         return CompressorDecodePlan(ratio, decode.view(torch.uint8))
-    c, w = getattr(meta, f"c{ratio}_plan_c", None), getattr(meta, f"c{ratio}_plan_w", None)
+    c, w = getattr(meta, ratio_prefix(ratio) + "plan_c", None), getattr(meta, ratio_prefix(ratio) + "plan_w", None)
     if c is None or w is None:
         raise UserError("this step's metadata has no compressor plan: draft extend is SWA only (SGLang runs no "
                         "compressor there); pass the metadata of a decode, idle or target-verify step")
@@ -79,12 +80,12 @@ def forward_metadata(meta, mode: ForwardMode, *, index_topk: int, ratios: tuple[
     for r in ratios:
         for name in _FIELDS[r]:
             setattr(core, name, getattr(meta, name))
-        setattr(core, f"c{r}_flashmla_metadata", sgl._create_flashmla_metadata())
+        setattr(core, ratio_prefix(r) + "flashmla_metadata", sgl._create_flashmla_metadata())
     indexer = None
     if 4 in ratios:
         indexer = PagedIndexerMetadata(page_size=PAGE, compressed_page_size=INDEX_PAGE, page_table=meta.page_table,
                                        compressed_seq_lens=meta.c4_topk_lengths_raw, use_topk_v2=use_topk_v2)
-    plans = {f"c{r}_compress_metadata": compress_metadata(meta, r) for r in ratios}
+    plans = {ratio_prefix(r) + "compress_metadata": compress_metadata(meta, r) for r in ratios}
     return sgl.DSV4Metadata(core, indexer, **plans)
 
 

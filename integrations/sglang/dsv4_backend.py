@@ -90,9 +90,9 @@ class DSV4Backend(CompiledModes, _SGLangDSV4):
 
     @property
     def agree(self) -> tuple[str, ...]:
-        # the page table's width, the sparse buffers' and the verify rows follow from these
-        return ("max_context_len", "index_topk", "compress_ratios") + (("num_draft_tokens",) if self.mtp_enabled
-                                                                        else ())
+        # the page table's width and the verify rows follow from these (and the sparse buffers from DSV4Options,
+        # compared whole)
+        return ("max_context_len",) + (("num_draft_tokens",) if self.mtp_enabled else ())
 
     def bind_attnmeta(self, compiled=None) -> None:
         """Serve the captured modes from ``compiled`` (a ``dsv4`` backend; None: compiled now from
@@ -132,8 +132,8 @@ class DSV4Backend(CompiledModes, _SGLangDSV4):
     def _shape(self, m, v: BatchView):
         return None  # built after in_graph (below), not over the bound fields alone
 
-    def _published(self, shaped) -> tuple:
-        return ()  # out_graph publishes the captured object (below); an eager step the one it builds
+    def _publish(self, shaped) -> None:
+        pass  # out_graph publishes the captured object (below); an eager step the one it builds
 
     def _replay_requires(self, v: BatchView) -> tuple | None:
         return None  # every replay stages out_cache_loc

@@ -144,8 +144,8 @@ class FA3Backend(CompiledModes, _SGLangFA3):
         return meta, _metadata(m.expand_cache_seqlens_int32, m.expand_cu_seqlens_q, m.expand_cu_seqlens_k,
                                m.expand_page_table, 1, m.max_seq_len_k)
 
-    def _published(self, shaped) -> tuple:
-        return ((self, "forward_metadata", shaped[0]), (self, "forward_metadata_spec_decode_expand", shaped[1]))
+    def _publish(self, shaped) -> None:
+        self.forward_metadata, self.forward_metadata_spec_decode_expand = shaped
 
 
 class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
@@ -185,8 +185,6 @@ class FA3DraftBackend(_Drafter, _SGLangFA3Draft):
         return prefix, _metadata(_step(m, s, "expand_cache_seqlens_int32"), m.expand_cu_seqlens_q,
                                  _step(m, s, "expand_cu_seqlens_k"), _step(m, s, "expand_page_table"), 1, L)
 
-    def _published(self, shaped) -> tuple:
-        out = []
+    def _publish(self, shaped) -> None:
         for child, (meta, expand) in zip(self.attn_backends, shaped, strict=True):
-            out += [(child, "forward_metadata", meta), (child, "forward_metadata_spec_decode_expand", expand)]
-        return tuple(out)
+            child.forward_metadata, child.forward_metadata_spec_decode_expand = meta, expand

@@ -22,7 +22,7 @@ class FlashInferMLABackend(CompiledModes, _SGLangMLA):
     spec_name, sglang_name = "flashinfer_mla", "flashinfer"
 
     def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, q_indptr_decode_buf=None,
-                 *, compiled=None, planner: str = "device"):
+                 *, compiled=None, partition: str = "device"):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, q_indptr_decode_buf)
         from sglang.srt.runtime_context import get_parallel
 
@@ -36,7 +36,7 @@ class FlashInferMLABackend(CompiledModes, _SGLangMLA):
         self.adapter = FlashInferMLAAdapter(self.attnmeta, self.num_local_heads, mc.kv_lora_rank,
                                             mc.qk_rope_head_dim, sm_scale=mc.scaling, q_dtype=model_runner.dtype,
                                             kv_dtype=model_runner.dtype, workspace=self.workspace_buffer,
-                                            planner=planner)
+                                            partition=partition)
 
     def unserved(self) -> list[str]:
         checks = ((self.kv_index_translator.is_translating, "a translated (unified) KV pool"),

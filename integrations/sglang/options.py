@@ -109,7 +109,7 @@ def _headroom(cfg, speculative: bool) -> int:
         return 4 + ((cfg.speculative_num_draft_tokens or 0) if speculative else 0)
 
 
-def planner() -> dict:
+def partition() -> dict:
     """``ATTNMETA_PLANNER=host|device``: which planner FlashInfer's kinds (MHA and MLA) run per step; unset:
     ``device`` (the partition planned on the GPU where FlashInfer's version allows)."""
     chosen = os.environ.get("ATTNMETA_PLANNER")
@@ -118,7 +118,7 @@ def planner() -> dict:
     if chosen not in ("host", "device"):
         raise OptionsError(f"ATTNMETA_PLANNER={chosen!r}: set it to 'host' (FlashInfer's own planner every step) "
                            "or 'device' (the partition planned on the GPU), or unset it")
-    return {"planner": chosen}
+    return {"partition": chosen}
 
 
 def rank_heads(runner) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from attnmeta.compiler.compile import load_compiled
 from attnmeta.compiler.ir.errors import OptionsError
 
 from .kinds import DRAFT_KINDS, KIND, NAMES
-from .options import planner
+from .options import partition
 
 
 def _artifact(artifact: str | None):
@@ -39,8 +39,8 @@ def factory(kind: str, artifact: str | None = None):
         if row.flashinfer and not mla:
             _plan_stream(runner)
             return cls(runner, init_new_workspace=runner.init_new_workspace, compiled=_artifact(artifact),
-                       **planner())
-        return cls(runner, compiled=_artifact(artifact), **(planner() if row.flashinfer else {}))
+                       **partition())
+        return cls(runner, compiled=_artifact(artifact), **(partition() if row.flashinfer else {}))
 
     create.__name__ = f"create_attnmeta_{kind}_backend"
     return create

@@ -21,37 +21,45 @@ from __future__ import annotations
 
 import logging
 
+import attrs
+
 from attnmeta.compiler import CompileOptions, compile_backend
 from attnmeta.compiler.ir.errors import ContractError, OptionsError
-from attnmeta.runtime.engine import VIEW
+from attnmeta.runtime.engine import Fed, Sources
 
-from .batch import ENGINE_HELPERS, ENGINE_PATHS, MODES, BatchView
+from .batch import ENGINE_PATHS, MODES, BatchView
 
 log = logging.getLogger("attnmeta.runtime.integrations")
 
 CAPTURED = frozenset(MODES[m] for m in ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"))
-# the options that shape metadata: a compiled backend must agree with SGLang's resolved ones (a name that is not a
-# CompileOptions field is the backend's own option: triton's max_kv_splits)
+# the generic options that shape metadata: a compiled backend must agree with SGLang's resolved ones; the backend's own
+# options (CompileOptions.backend) are compared beside them as one typed value
 AGREE = ("page_size", "max_context_len", "num_heads", "num_kv_heads", "num_draft_tokens", "topk", "num_steps",
-         "sm_count", "sliding_window", "window_pool", "max_kv_splits", "attention_chunk", "draft_window", "draft_sink")
+         "sm_count", "sliding_window", "window_pool")
 
 
-def _value(o: CompileOptions, name: str, like: CompileOptions):
-    """Option ``name`` of ``o``: a CompileOptions field, or a field of its backend's own options (their class's
-    default where ``o`` left them None and ``like`` did not), or None where neither has it."""
-    if hasattr(o, name):
-        return getattr(o, name)
-    own = o.backend if o.backend is not None else type(like.backend)() if like.backend is not None else None
-    return getattr(own, name, None)
+def _own(o: CompileOptions, like: CompileOptions):
+    """``o``'s backend options, their class's defaults where ``o`` left them None and ``like`` did not."""
+    if o.backend is not None or like.backend is None:
+        return o.backend
+    return type(like.backend)()
 
 
 def check_agrees(have: CompileOptions, want: CompileOptions, what: str = "the compiled backend",
                  agree: tuple[str, ...] = AGREE, how: str = "attnmeta.integrations.sglang.compile_options") -> None:
-    """``have`` (compiled) against ``want`` (what SGLang resolved): every disagreement of the options in
-    ``agree`` named with both values, or nothing. A missing mode and a smaller ``max_bs`` are disagreements
-    too; ``how`` names what derives the right options."""
-    pairs = [(n, _value(have, n, want), _value(want, n, have)) for n in agree]
-    bad = [f"{n}: compiled {h}, SGLang {w}" for n, h, w in pairs if h != w]
+    """``have`` (compiled) against ``want`` (what SGLang resolved): every disagreement of the generic options in
+    ``agree`` and of the backend's own options (one value: each field that differs is named) with both values,
+    or nothing. A missing mode and a smaller ``max_bs`` are disagreements too; ``how`` names what derives the
+    right options."""
+    bad = [f"{n}: compiled {getattr(have, n)}, SGLang {getattr(want, n)}" for n in agree
+           if getattr(have, n) != getattr(want, n)]
+    mine, theirs = _own(have, want), _own(want, have)
+    if mine != theirs:
+        if type(mine) is type(theirs) and attrs.has(type(mine)):
+            bad += [f"{f.name}: compiled {getattr(mine, f.name)}, SGLang {getattr(theirs, f.name)}"
+                    for f in attrs.fields(type(mine)) if getattr(mine, f.name) != getattr(theirs, f.name)]
+        else:
+            bad.append(f"the backend's options: compiled {mine!r}, SGLang {theirs!r}")
     missing = sorted(m.name.lower() for m in set(want.modes) - set(have.modes))
     if missing:
         bad.append(f"modes {missing} are not compiled")
@@ -88,7 +96,7 @@ class CompiledModes:
         self._view = BatchView(wanted.num_draft_tokens)  # draft extend: how many query rows a request has
         self._ours = None  # the batch whose metadata attnmeta staged last (in_graph must follow it)
         self._shaped: dict[tuple, tuple] = {}  # (mode, bs) -> (bound fields, SGLang's metadata object)
-        # (SGLang's mode, bs) -> a captured graph's replay on SGLang's own buffers: the function generated at capture
+        # (SGLang's mode, bs) -> the bound plan whose step replays a captured graph on SGLang's own buffers
         self._replays: dict[tuple, object] = {}
         self._too_big_logged = False
         # SGLang's scheduler, under spec v2's overlap, copies each round's lengths to the host and waits for the
@@ -157,8 +165,8 @@ class CompiledModes:
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
         if not in_capture:  # a replay on the buffers SGLang's runner captured on: nothing to stage or copy
-            replay = self._replays.get((forward_batch.forward_mode, forward_batch.batch_size))
-            if replay is not None and replay(forward_batch):
+            b = self._replays.get((forward_batch.forward_mode, forward_batch.batch_size))
+            if b is not None and b.step is not None and b.step(forward_batch):
                 return
         if not self._serves(forward_batch):
             self._ours = None
@@ -179,26 +187,30 @@ class CompiledModes:
     def _remember_replay(self, fb, v: BatchView, shaped) -> None:
         """At capture: if the graph reads SGLang's buffers in place (runtime/engine.py), a later step on the
         same buffers (and the same per-step objects the kind requires) is a replay with nothing to do but
-        publish: one generated function, the whole out_graph of such a step."""
+        publish: the plan's step, for SGLang's own batches (where its fields sit on them: ``ENGINE_PATHS``)."""
         key = (fb.forward_mode, fb.batch_size)
         extra = self._replay_requires(v)
         b = self.attnmeta.bound(v.forward_mode, v.batch_size)
-        then = ((self._view, "batch_size", v.batch_size), (self._view, "forward_mode", v.forward_mode),
-                *self._published(shaped), (self, "_ours", VIEW))
-        replay = None if extra is None else self.attnmeta.replayer(b, ENGINE_PATHS, extra, ENGINE_HELPERS, then,
-                                                                   self._fed)
-        if replay is None:
-            self._replays.pop(key, None)
-        else:
-            self._replays[key] = replay
+        self._replays.pop(key, None)
+        if extra is None:
+            return
+        view, bs, mode = self._view, v.batch_size, v.forward_mode
+
+        def publish(batch, shaped=shaped):
+            view.batch_size, view.forward_mode = bs, mode
+            self._publish(shaped)
+            self._ours = batch
+
+        if self.attnmeta.engine_step(b, fb, Sources(ENGINE_PATHS, self.fed), extra, publish) is not None:
+            self._replays[key] = b
 
     # which views SGLang's runner of this kind fed (its buffers hold their values) while handing its own tensors
-    # (runtime/engine.py ``replayer``); None: its runner always hands the buffers it captured on
-    _fed: str | None = None
+    # (runtime/engine.py ``Fed``); None: its runner always hands the buffers it captured on
+    fed: Fed | None = None
 
     def _replay_requires(self, v: BatchView) -> tuple | None:
-        """What else a replay with nothing to do requires of the batch, as (expression over the batch ``v``,
-        data pointer) pairs; None when this mode always has per-step work."""
+        """What else a replay with nothing to do requires of SGLang's batch, as (path, tensor) pairs (a buffer the
+        engine writes in place); None when this mode always has per-step work."""
         return ()
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
@@ -228,11 +240,6 @@ class CompiledModes:
     def _per_step(self, meta, m, v: BatchView, in_capture: bool) -> None:
         """Per-step updates of the shaped object (fields that are not static buffers)."""
 
-    def _published(self, shaped) -> tuple:
-        """Where the shaped metadata goes for the code that reads it, as (object, attribute, value): this
-        backend's ``forward_metadata``."""
-        return ((self, "forward_metadata", shaped),)
-
     def _publish(self, shaped) -> None:
-        for obj, attr, value in self._published(shaped):
-            setattr(obj, attr, value)
+        """Where the shaped metadata goes for the code that reads it: this backend's ``forward_metadata``."""
+        self.forward_metadata = shaped

@@ -78,8 +78,8 @@ class TRTLLMMLABackend(CompiledModes, _SGLangTRTLLMMLA):
             md.cu_seqlens_q, md.seq_lens_q = m.cu_seqlens_q, m.seq_lens_q
         return md
 
-    def _published(self, shaped) -> tuple:
-        return ((self, "forward_decode_metadata", shaped),)  # what SGLang's TRT-LLM MLA kernels read in graph mode
+    def _publish(self, shaped) -> None:
+        self.forward_decode_metadata = shaped  # what SGLang's TRT-LLM MLA kernels read in graph mode
 
 
 class CuteDSLMLABackend(TRTLLMMLABackend, _SGLangCuteDSL):

@@ -68,14 +68,22 @@ def _unbacked(backend, fb) -> str:
     """Why an attnmeta backend's step on ``fb`` is no replay on the engine's buffers (read, not called)."""
     import torch
 
-    from attnmeta.integrations.sglang.batch import ENGINE_HELPERS, attnmeta_mode
+    from attnmeta.integrations.sglang.batch import ENGINE_PATHS
+    from attnmeta.runtime.engine import Sources
 
-    if (fb.forward_mode, fb.batch_size) not in backend._replays:
+    b = backend._replays.get((fb.forward_mode, fb.batch_size))
+    if b is None:
         return "no replay captured for this mode and size"
-    b = backend.attnmeta._bound.get((attnmeta_mode(fb.forward_mode).graph_key, fb.batch_size))
     bad = []
-    for e in b.engine.inputs:
-        t = ENGINE_HELPERS["EXTEND"](fb) if e.name == "extend_seq_lens" else getattr(fb, e.name, None)
+    for e in b.engine:
+        t = None
+        for p in Sources(ENGINE_PATHS).of(e.name):
+            try:
+                t = p.get(fb)
+            except AttributeError:
+                continue
+            if t is not None:
+                break
         if not isinstance(t, torch.Tensor):
             bad.append(f"{e.name}: not a tensor")
         elif t.data_ptr() != e.tensor.data_ptr():

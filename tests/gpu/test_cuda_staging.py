@@ -1,6 +1,6 @@
-"""Generated staging with fields the engine hands on the device (DSV4's ``out_cache_loc``): the
-graph's buffer gets the live entries whether the source is exactly the live count or longer, the
-same as the general path writes, padding entries included."""
+"""Generated staging with fields the engine hands on the device (DSV4's ``out_cache_loc``): the input's feed
+(where the graph's check reads it) gets the live entries whether the source is exactly the live count or longer,
+the rows past them the sentinel, the same as the general path writes."""
 
 import random
 
@@ -9,6 +9,7 @@ import torch
 
 from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
+from attnmeta.compiler.ir.ops_guard import SENTINEL
 from attnmeta.runtime import ReplayView
 from tests.batches import make_pool
 from tests.runtime.test_stagegen import MAX_BS, ROWS, D, L, batch
@@ -33,11 +34,10 @@ def test_device_fields_are_staged_like_the_general_path(mode):
         fb.out_cache_loc = loc if shape == "exact" else torch.cat([loc, loc[:5] * 0 + 7])
         view = ReplayView.of(fb, bs)
         st.fast(view, bs, raw)
-        st.guard.apply(st.guarded)  # a checked device field reaches the graph's buffer through in_graph's guard
         torch.cuda.synchronize()
-        got = slot.dev[: bs * per].cpu()
+        got = slot.feed[: bs * per].cpu()
         st.stage(view, bs, raw)
-        st.guard.apply(st.guarded)
         torch.cuda.synchronize()
-        assert torch.equal(got, slot.dev[: bs * per].cpu()), (step, shape)
+        assert torch.equal(got, slot.feed[: bs * per].cpu()), (step, shape)
         assert torch.equal(got[: raw * per], loc.cpu()), (step, shape)
+        assert (got[raw * per:] == SENTINEL).all(), (step, shape)

@@ -35,7 +35,7 @@ def test_flashinfer_replay_matches_the_oracle(tensor_cores, planner):
     k = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
     v = torch.randn(ROWS * L + 1, 2, 128, generator=g).to(dev)
     adapter = FlashInferDecodeAdapter(be, 8, 2, 128, use_tensor_cores=tensor_cores,
-                                      planner="host" if planner == "host" else "device")
+                                      partition="host" if planner == "host" else "device")
     runner = GraphRunner(be, DecodeModel(k.bfloat16(), v.bfloat16(), MAX_BS, L, q_heads=8), SIZES, dev)
     runner.capture()  # largest first: later, smaller plans reuse a workspace a larger plan wrote
     for step, raw in enumerate([64, 5, 16, 1, 0, 60, 9]):

@@ -54,7 +54,7 @@ def test_mla_replayed_over_attnmeta_metadata_matches_the_oracle_and_plan(mode, p
                                                           modes=(mode.name.lower(),), num_draft_tokens=D,
                                                           page_size=page))
     be = cb.instantiate(pool, device=dev)
-    adapter = FlashInferMLAAdapter(be, H, CKV, KPE, sm_scale=SCALE, planner="device")
+    adapter = FlashInferMLAAdapter(be, H, CKV, KPE, sm_scale=SCALE, partition="device")
     g = torch.Generator().manual_seed(3)
     slots = ROWS * L + 1
     ckv = (torch.randn(slots, CKV, generator=g) * 0.5).to(dev).bfloat16()

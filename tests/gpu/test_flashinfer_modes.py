@@ -41,7 +41,7 @@ def test_flashinfer_prefill_modes_replayed_match_the_oracle(mode, planner):
                                                       backend=FlashInferOptions(plan_on_device=planner ==
                                                                                 "plan_on_device")))
     be = cb.instantiate(pool, device=dev)
-    adapter = FlashInferDecodeAdapter(be, H, HKV, HD, planner="host" if planner == "host" else "device")
+    adapter = FlashInferDecodeAdapter(be, H, HKV, HD, partition="host" if planner == "host" else "device")
     k, v, kv = token_kv_cache(ROWS * L + 1, HKV, HD, 3, dev)
     g = torch.Generator().manual_seed(3 + 100)  # the queries' and masks' draws
     qbuf = torch.zeros(MAX_BS * D, H, HD, dtype=torch.bfloat16, device=dev)

@@ -40,7 +40,7 @@ def test_window_wrapper_attends_each_query_to_its_window(mode, planner):
         max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=(mode.name.lower(),), num_draft_tokens=D,
         sliding_window=W, backend=FlashInferOptions(plan_on_device=planner == "plan_on_device")))
     be = cb.instantiate(pool, device=dev)
-    FlashInferDecodeAdapter(be, H, HKV, HD, planner="host" if planner == "host" else "device")
+    FlashInferDecodeAdapter(be, H, HKV, HD, partition="host" if planner == "host" else "device")
     k, v, kv = token_kv_cache(ROWS * L + 1, HKV, HD, 5, dev)
     g = torch.Generator().manual_seed(5 + 100)  # the queries' and masks' draws
     qbuf = torch.zeros(MAX_BS * D, H, HD, dtype=torch.bfloat16, device=dev)
@@ -121,7 +121,7 @@ def test_tree_verify_window_wrapper_attends_each_draft_to_its_window():
         max_bs=MAX_BS, capture_sizes=SIZES, max_context_len=L, modes=("target_verify",), num_draft_tokens=D,
         topk=2, num_steps=3, sliding_window=W, backend=FlashInferOptions(plan_on_device=True)))
     be = cb.instantiate(pool, device=dev)
-    FlashInferDecodeAdapter(be, H, HKV, HD, planner="device")
+    FlashInferDecodeAdapter(be, H, HKV, HD, partition="device")
     k, v, kv = token_kv_cache(ROWS * L + 1, HKV, HD, 7, dev)
     g, rng = torch.Generator().manual_seed(8), random.Random(3)
     qbuf = torch.zeros(MAX_BS * D, H, HD, dtype=torch.bfloat16, device=dev)

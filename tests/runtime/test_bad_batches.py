@@ -10,6 +10,7 @@ import torch
 from attnmeta.backends.dsv4.eager import swa_table
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
 from attnmeta.compiler.ir import eval_graph
+from attnmeta.compiler.lowering.binding import ArgKind
 from attnmeta.runtime import BatchError, ForwardBatch, ReplayView
 from tests.batches import capture, make_batch, make_pool
 from tests.engine import padded_inputs
@@ -150,6 +151,9 @@ def _garbage(be, mode, bs, values: dict):
             v = torch.as_tensor(values[s.source], dtype=s.host.dtype)
             s.host[: v.numel()].copy_(v)
             (s.dev if s.dev is not None else s.host)[: v.numel()].copy_(v)
+    for a, t in zip(b.binding.in_args, b.in_args, strict=True):  # and the size it staged for, as out_graph writes
+        if a.kind is ArgKind.generation:
+            t.fill_(bs)  # (its size, the graph's that pads it): a captured size, both
     be._current = b
     be.init_forward_metadata_in_graph(ForwardBatch(mode, bs))
     return b.meta

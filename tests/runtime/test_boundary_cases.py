@@ -13,7 +13,6 @@ from attnmeta.compiler.ir.errors import ContractError, UserError
 from attnmeta.compiler.ir.parser import ParseError
 from attnmeta.compiler.lowering.binding import Kind as SlotKind
 from attnmeta.runtime import BatchError, ForwardBatch
-from attnmeta.runtime.guard import DeviceGuard
 from attnmeta.sim import DecodeModel, GraphRunner
 from tests.batches import make_pool
 
@@ -109,51 +108,69 @@ def test_a_bad_escape_in_ir_text_is_a_parse_error():
         parse('graph "\\q" {\n}')
 
 
-class _Slot:  # what the guard reads of a staged slot: its range, fill, device buffer and guarded copy
-    full_range, lo, hi, fill, raw, raw_top, field = False, 0, 10, 1, None, 0, -1
-    slot = type("S", (), {"kind": SlotKind.length})()
+def _fed_plan(L: int = 16):
+    """A flashinfer decode plan of 4 rows (captured sizes 2 and 4) and its seq_lens slot: what a step that has the
+    lengths on the device only (no host mirror) feeds."""
+    from tests.batches import make_batch
 
-    def __init__(self, n: int):
-        self.dev = torch.zeros(n, dtype=torch.int32)
+    pool = make_pool(12, L)
+    be = compile_backend("flashinfer", CompileOptions(max_bs=4, capture_sizes=(2, 4),
+                                                      max_context_len=L)).instantiate(pool)
+    b = be.bound(ForwardMode.DECODE, 4)
+    be.init_forward_metadata_out_graph(make_batch(4, L, 12, seed=1))  # staged from the host: rows, fills
+    seq = next(s for s in b.stager.slots if s.source == "seq_lens_cpu")
+    return be, b, seq
+
+
+def _feed(b, s, values: list[int]) -> None:
+    """What out_graph does with a device-only field: its live values into the feed, the staging past them padded
+    with the fill, and the packed copy."""
+    s.fed(torch.tensor(values, dtype=torch.int64), len(values))
+    s.pad(len(values), 4)
+    for dev, host in b.stager.copies:
+        dev.copy_(host)
 
 
 def test_device_only_values_are_guarded_and_reported_at_a_later_step():
-    """A field the batch has on the device only: its bad value is replaced where the graph narrows it (a
-    length by its nearest bound), rows past the live ones get the fill, and a later step raises a
-    BatchError naming field, row and value, once."""
-    guard, s = DeviceGuard(torch.device("cpu")), _Slot(4)
-    guard.raise_pending()  # a fresh record holds nothing (it is zeroed when made)
-    guard.apply([guard.feed(s, torch.tensor([4, 99, -2], dtype=torch.int64), 3, 4, "seq_lens", capture=False)])
-    assert s.dev.tolist() == [4, 10, 0, 1]  # nothing outside the range reaches a kernel; row 3 is padding
-    assert guard.flag.tolist() == [1, 0, 1, 99]  # the first bad row, written by the check itself: no copy home
+    """A field the batch has on the device only: its live values go to the input's feed, the graph's check
+    replaces a bad one where the kernel reads it (a length by its nearest bound), rows past the live ones read
+    the staged fill, and a later step raises a BatchError naming field, row and value, once."""
+    be, b, s = _fed_plan()
+    be.record.raise_pending()  # a fresh record holds nothing (it is zeroed when made)
+    _feed(b, s, [4, 99, -2])
+    b.in_fn(*b.in_args)
+    ind = b.meta.kv_indptr.tolist()
+    assert [ind[k + 1] - ind[k] for k in range(4)] == [4, 16, 0, 1]  # nothing outside the range reaches a kernel
+    assert be.record.tensor.tolist() == [1, 256, 1, 99]  # the first bad row, written by the check itself
     with pytest.raises(BatchError, match=r"an earlier step staged seq_lens\[1\] = 99 from the device"):
-        guard.raise_pending()
-    guard.raise_pending()  # reported once
-    guard.apply([guard.feed(s, torch.tensor([1, 2]), 2, 4, "seq_lens", capture=False)])
-    guard.raise_pending()  # a good step reports nothing
-    assert s.dev.tolist() == [1, 2, 1, 1]  # the rows a larger step left are padding again
+        be.record.raise_pending()
+    be.record.raise_pending()  # reported once
+    _feed(b, s, [1, 2])
+    b.in_fn(*b.in_args)
+    be.record.raise_pending()  # a good step reports nothing
+    ind = b.meta.kv_indptr.tolist()
+    assert [ind[k + 1] - ind[k] for k in range(4)] == [1, 2, 1, 1]  # the rows a larger step fed are padding again
 
 
 def test_the_device_check_is_recorded_with_the_graph_and_replays_on_new_values():
-    """Captured once (the capture batch's dummy rows unchecked), the check runs inside every replay on
-    what out_graph fed: a replay costs the host one copy, and still replaces and reports a bad value."""
+    """Captured once, the check runs inside every replay on what out_graph fed: a replay costs the host one
+    copy, and still replaces and reports a bad value."""
     from attnmeta.runtime.graphs import EmulatedGraph
 
-    guard, s = DeviceGuard(torch.device("cpu")), _Slot(3)
-    entries = [guard.feed(s, torch.tensor([0, 0, 0]), 3, 3, "seq_lens", capture=True)]
+    be, b, s = _fed_plan()
     g = EmulatedGraph()
     with g.capture():
-        guard.apply(entries)
-    guard.raise_pending()  # the capture batch was not checked
-    guard.feed(s, torch.tensor([5, 6]), 2, 3, "seq_lens", capture=False)
+        b.in_fn(*b.in_args)
+    be.record.raise_pending()
+    _feed(b, s, [5, 6])
     g.replay()
-    guard.raise_pending()
-    assert s.dev.tolist() == [5, 6, 1]
-    guard.feed(s, torch.tensor([7, 70, 8]), 3, 3, "seq_lens", capture=False)
+    be.record.raise_pending()
+    assert b.meta.kv_indptr.tolist() == [0, 5, 11, 12, 13]
+    _feed(b, s, [7, 70, 8, 3])
     g.replay()
-    assert s.dev.tolist() == [7, 10, 8]
+    assert b.meta.kv_indptr.tolist() == [0, 7, 23, 31, 34]
     with pytest.raises(BatchError, match=r"seq_lens\[1\] = 70"):
-        guard.raise_pending()
+        be.record.raise_pending()
 
 
 def test_a_graph_replayed_after_a_smaller_batch_was_staged_reads_padding():
@@ -175,6 +192,9 @@ def test_a_graph_replayed_after_a_smaller_batch_was_staged_reads_padding():
     ind = m.kv_indptr.tolist()
     assert [ind[k + 1] - ind[k] for k in range(4)] == [*small.seq_lens_cpu.tolist(), 1, 1]
     assert m.kv_indices[ind[2]:ind[4]].tolist() == [int(pool[0, 0])] * 2
+    # and it is reported: the 2-row batch has a graph of its own, which is the one to replay (issue c19)
+    with pytest.raises(BatchError, match="replayed the graph of 4 rows over a batch staged for 2 rows"):
+        be.init_forward_metadata_out_graph(small)
 
 
 @pytest.mark.parametrize(("call", "says"), [

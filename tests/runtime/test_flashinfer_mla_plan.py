@@ -124,7 +124,7 @@ SMS = 12
 
 @pytest.mark.parametrize("skew", [False, True], ids=["agrees", "disagrees"])
 def test_the_adapter_plans_on_the_device_once_checked_else_on_the_host(monkeypatch, skew):
-    """``planner="device"``: the site's first step runs FlashInfer's plan(), checks the device planner
+    """``partition="device"``: the site's first step runs FlashInfer's plan(), checks the device planner
     against FlashInfer's planner on synthetic batches and this one, then hands every later step to
     the kernel after the graph (FlashInfer's planner not called again, the workspace what it would
     have written). A planner that disagrees keeps FlashInfer's host planner, every step."""
@@ -143,7 +143,7 @@ def test_the_adapter_plans_on_the_device_once_checked_else_on_the_host(monkeypat
     be = compile_backend("flashinfer_mla", CompileOptions(max_bs=4, capture_sizes=(4,), max_context_len=L,
                                                           modes=("decode",), sm_count=SMS, num_heads=heads)
                          ).instantiate(make_pool(9, L, seed=1))
-    FlashInferMLAAdapter(be, heads, 512, 64, workspace=torch.empty(8, dtype=torch.uint8), planner="device")
+    FlashInferMLAAdapter(be, heads, 512, 64, workspace=torch.empty(8, dtype=torch.uint8), partition="device")
     rng = random.Random(2)
     for step in range(6):
         raw = rng.randint(1, 4)
