@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 from importlib.metadata import PackageNotFoundError, version
+
+from attnmeta.compiler.ir.errors import OptionsError
 
 
 def project_version() -> str:
@@ -30,28 +33,60 @@ class OneLine(argparse.ArgumentParser):
     """argparse's errors as one line (not the whole usage), with a "did you mean" for a mistyped
     choice (a backend, mode, pass, log part) or option."""
 
+    def parse_args(self, args=None, namespace=None):
+        import sys
+
+        self._argv = list(sys.argv[1:] if args is None else args)  # which command an error is about
+        return super().parse_args(args, namespace)
+
+    def _command(self):
+        """(name, parser) of the command the arguments chose, or (None, None)."""
+        for sp in (a for a in self._actions if isinstance(a, argparse._SubParsersAction)):
+            for word in getattr(self, "_argv", ()):
+                if word in sp.choices:
+                    return word, sp.choices[word]
+        return None, None
+
     def error(self, message: str):
+        name, chosen = self._command()
+        known = [o for a in self._actions for o in a.option_strings]
+        stray = [w.split("=")[0] for w in getattr(self, "_argv", ()) if w.startswith("-") and chosen is None
+                 and w.split("=")[0] not in known]
+        if ("required: cmd" in message or "argument cmd:" in message) and stray:  # an option before any command
+            cmds = [c for sp in self._actions if isinstance(sp, argparse._SubParsersAction) for c in sp.choices]
+            owners = [c for sp in self._actions if isinstance(sp, argparse._SubParsersAction)
+                      for c, p in sp.choices.items() if stray[0] in (o for a in p._actions for o in a.option_strings)]
+            where = f"; it is an option of {', '.join(f'{self.prog} {c}' for c in owners)}" if owners else ""
+            self.exit(2, f"{self.prog}: unknown option {stray[0]}{where}; give a command first: "
+                         f"{self.prog} {{{','.join(cmds)}}} ...; {self.prog} --help for usage\n")
         close = []
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if m:
             choices = re.findall(r"'?([\w.:/-]+)'?", m.group(2))
             close = difflib.get_close_matches(m.group(1), choices, n=1)
+            if "--backend" in message and (":" in m.group(1) or m.group(1).endswith(".py")):
+                self.exit(2, f"{self.prog}: --backend {m.group(1)}: {self.prog} serves attnmeta's built-in kinds "
+                             f"(its model reads their fields); compile a spec of your own with attnmeta compile "
+                             f"{m.group(1)} and serve it as examples/serve.py does\n")
         m = re.search(r"unrecognized arguments: (\S+)", message)
         owners: list[str] = []
+        prog = self.prog
         if m:
-            opts = [o for a in self._actions for o in a.option_strings]
+            mine = [o for o in known if o.startswith("--")]
+            if chosen is not None:  # the suggestion is one of the chosen command's own options
+                mine = [o for a in chosen._actions for o in a.option_strings if o.startswith("--")]
+                prog = f"{self.prog} {name}"
             for sp in (a for a in self._actions if isinstance(a, argparse._SubParsersAction)):
-                for name, p in sp.choices.items():
-                    theirs = [o for a in p._actions for o in a.option_strings]
-                    owners += [name] if m.group(1) in theirs else []
-                    opts += theirs
-            # another command's option is not a typo of itself: name its command, suggest the nearest other
-            close = difflib.get_close_matches(m.group(1), [o for o in opts if o != m.group(1)], n=1)
+                for other, p in sp.choices.items():
+                    if other != name and m.group(1) in (o for a in p._actions for o in a.option_strings):
+                        owners.append(other)
+            # another command's option is not a typo: name its commands; suggest a near option of this one only
+            close = difflib.get_close_matches(m.group(1), mine, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         if owners:
-            hint = f" ({m.group(1)} is an option of {', '.join(f'{self.prog} {o}' for o in owners)}" + \
-                (f"; did you mean {close[0]!r}?)" if close else ")")
-        self.exit(2, f"{self.prog}: {message}{hint}; {self.prog} --help for usage\n")
+            hint = f" ({m.group(1)} is an option of {', '.join(f'{self.prog} {o}' for o in owners)}, not of " \
+                   f"{prog}" + (f"; did you mean {close[0]!r}?)" if close else ")")
+        self.exit(2, f"{prog}: {message}{hint}; {prog} --help for usage\n")
 
 
 def positive(text: str) -> int:
@@ -63,3 +98,29 @@ def positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
     return n
+
+
+def writable_dir(d: str) -> str:
+    """``d`` exists (or is made) and can be written; otherwise the error says which and why."""
+    try:
+        os.makedirs(d, exist_ok=True)
+        probe = os.path.join(d, f".attnmeta-write-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise OptionsError(f"dump directory {d!r} is not writable ({e.strerror}); pick another --dump-dir") from None
+    return d
+
+
+def writable_file(path: str, flag: str) -> str:
+    """``path`` can be written: its folder exists and takes a file (checked before any work, so a compile does not
+    end in a traceback from the writer)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise OptionsError(f"{flag} {path}: that is a directory; give a file name in it")
+    if not os.path.isdir(folder):
+        raise OptionsError(f"{flag} {path}: the directory {folder} does not exist; create it, or write elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise OptionsError(f"{flag} {path}: the directory {folder} is not writable; write elsewhere")
+    return path

@@ -22,22 +22,9 @@ import sys
 from attnmeta.compiler.ir.errors import InternalError, OptionsError, UserError
 
 from . import inspect as dumps
-from .argparsing import Defaults, OneLine, positive, project_version
+from .argparsing import Defaults, OneLine, positive, project_version, writable_dir, writable_file
 from .names import BACKENDS, MODES, PASSES
 from .table import table
-
-
-def writable_dir(d: str) -> str:
-    """``d`` exists (or is made) and can be written; otherwise the error says which and why."""
-    try:
-        os.makedirs(d, exist_ok=True)
-        probe = os.path.join(d, f".attnmeta-write-{os.getpid()}")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise OptionsError(f"dump directory {d!r} is not writable ({e.strerror}); pick another --dump-dir") from None
-    return d
 
 
 def _progress(total: int | None, what: str, unit: str = "plan", items=None):
@@ -58,6 +45,10 @@ def cmd_compile(a) -> int:
     from attnmeta.compiler.instruments import Instrument, PrintIR
 
     dump = a.dump_dir or os.environ.get("ATTNMETA_DUMP_DIR") or ("attnmeta-dumps" if a.report else None)
+    if a.out:
+        writable_file(a.out, "--out")
+    if isinstance(a.report, str):
+        writable_file(a.report, "--report")
     sizes = tuple(a.capture_sizes or ())
     every = a.dump_bs == ["all"]
     try:
@@ -163,6 +154,8 @@ def cmd_inspect(a) -> int:
         print(dumps.run_list(run))
         return 0
     dumps.check_filters(run, a.mode, a.pass_, a.diff)
+    if a.html:
+        writable_file(a.html, "--html")
     if a.html is not None:
         from .report import write
 
@@ -188,6 +181,12 @@ def cmd_demo(a) -> int:
     for name in ("steps", "max_bs", "num_steps", "topk"):
         if getattr(a, name) < 1:
             raise OptionsError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    drafts = a.backend.startswith("multistep_") or a.backend == "flashattention_draft"
+    given = [f for f, v in (("--topk", a.topk), ("--num-steps", a.num_steps)) if v != {"--topk": 1,
+                                                                                      "--num-steps": 3}[f]]
+    if given and not drafts:
+        raise OptionsError(f"{' and '.join(given)} set the EAGLE drafter's steps, and {a.backend!r} is not a drafter: "
+                           f"run demo --backend multistep_{a.backend} (or flashattention_draft), or leave them out")
     too_big = [s for s in a.capture_sizes or () if not 1 <= s <= a.max_bs]
     if too_big:
         raise OptionsError(f"--capture-sizes {too_big} are outside 1..--max-bs={a.max_bs}; raise --max-bs or drop them")
@@ -325,7 +324,7 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("dir", help="a dump directory, a backend's folder in it, or one run folder")
     i.add_argument("--diff", action="store_true", help="show what each pass changed (one mode and size)")
     i.add_argument("--mode", choices=MODES, help="only this mode")
-    i.add_argument("--bs", type=int, help="only this batch size (default with --diff: the first dumped)")
+    i.add_argument("--bs", type=positive, help="only this batch size (default with --diff: the first dumped)")
     i.add_argument("--pass", dest="pass_", choices=PASSES + ["lower"], help="only this pass")
     i.add_argument("--html", nargs="?", const="", metavar="FILE", help="write the HTML report (default "
                                                                        "<run>/report.html)")
@@ -335,7 +334,8 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="a serving loop, every step checked against the eager twin and a pool oracle",
                        formatter_class=fmt)
     d.add_argument("--backend", default="flashinfer", choices=BACKENDS,
-                   help="the backend whose metadata the loop's attention reads; multistep_* and "
+                   help="the backend whose metadata the loop's attention reads (a built-in kind: the demo's model "
+                        "reads its fields; a spec of your own runs in examples/serve.py); multistep_* and "
                         "flashattention_draft run the EAGLE drafter's steps")
     d.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
     d.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
@@ -349,7 +349,9 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
     be = sub.add_parser("bench", help="host time per step: compiled replay vs the floor and the eager twin",
                         formatter_class=fmt)
-    be.add_argument("--backend", default="flashinfer", help="the backend to measure", choices=[
+    be.add_argument("--backend", default="flashinfer", help="the backend to measure: a built-in kind with an eager "
+                    "twin to time against (the MLA draft kinds and cutedsl_mla have none here; a spec of your own: "
+                    "time it in examples/serve.py)", choices=[
         *(f"{w}{b}" for w in ("", "tbo_") for b in ("flashinfer", "flashattention", "triton", "trtllm_mha")),
         "multistep_flashinfer", "multistep_triton", "dsv4", "flashmla", "trtllm_mla"])
     be.add_argument("--sizes", type=positive, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")

@@ -45,9 +45,15 @@ def options_json(o) -> dict:
 
 
 def write_repro(g: Graph, name: str, ctx: PassContext) -> str | None:
-    """input.ir, options.json and repro.py for a failed pass, under the dump dir or the temp dir."""
+    """input.ir, options.json and repro.py for a failed pass, under the dump dir or the temp dir. Where the IR does
+    not print (a graph the crash left malformed), input.ir holds what can be said of it and the error: the bundle
+    is still written."""
     try:
-        text = print_graph(g)
+        try:
+            text = print_graph(g)
+        except Exception as e:  # noqa: BLE001 - the printer failing too must not lose the bundle
+            text = (f"// the IR printer failed on this graph: {type(e).__name__}: {e}\n// graph {g.name!r}: "
+                    f"{len(g.inputs)} inputs, {len(g.nodes)} nodes\n" + "".join(f"//   {n!r}\n" for n in g.nodes))
         root = ctx.options.dump_dir or tempfile.gettempdir()
         d = os.path.join(root, f"attnmeta-repro-{name}-{hashlib.sha1(text.encode()).hexdigest()[:10]}")
         os.makedirs(d, exist_ok=True)
@@ -59,5 +65,5 @@ def write_repro(g: Graph, name: str, ctx: PassContext) -> str | None:
         with open(os.path.join(d, "repro.py"), "w") as f:
             f.write(_REPRO.format(name=name, mode=ctx.mode.name, bs=ctx.bs))
         return d
-    except OSError:
-        return None  # the bundle is a help; never let it hide the original error
+    except Exception:  # noqa: BLE001 - the bundle is a help; never let it hide the original error
+        return None

@@ -7,7 +7,7 @@ import sys as _sys
 import types as _types
 
 _FROM = {
-    ".builder": ("SpecBuilder", "SpecError", "V"),
+    ".builder": ("SpecBuilder", "SpecError", "SpecWarning", "V"),
     ".graph": ("Buffer", "Graph", "Input", "Kind", "Node", "Output", "Role", "Space", "Use"),
     ".interp": ("eval_graph", "valid_prefix"), ".ops": ("OPS", "Op", "OpInfo", "ShapeError"),
     ".parser": ("ParseError", "parse"), ".printer": ("print_graph",),

@@ -37,6 +37,10 @@ class SpecError(UserError):
     rule = "spec"
 
 
+class SpecWarning(UserWarning):
+    """A legal spec that may not say what its author meant (an op left in the default region)."""
+
+
 def caller_origin() -> str:
     """``path:line`` of the first frame outside the IR package."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -85,6 +89,8 @@ class SpecBuilder:
         self._outputs: list[Output] = []
         self._region = Region.in_graph
         self._movable = False
+        self._depth = 0  # in_graph()/out_graph() blocks open: an op outside every one takes the default region
+        self.defaulted: list[str] = []  # spec lines of the ops placed by default (in_graph), for the warning
         self._n = 0
         self._names: set[str] = set()
 
@@ -93,10 +99,12 @@ class SpecBuilder:
     def _in(self, region: Region, movable: bool) -> Iterator[None]:
         old = self._region, self._movable
         self._region, self._movable = region, movable
+        self._depth += 1
         try:
             yield
         finally:
             self._region, self._movable = old
+            self._depth -= 1
 
     def in_graph(self):
         """Steps recorded into the CUDA graph: static-shape device work."""
@@ -136,6 +144,11 @@ class SpecBuilder:
         range before a step runs; ``hi`` overrides the kind's upper bound (e.g. ``"L - D"``)."""
         if not isinstance(kind, Kind):
             raise SpecError(f"{caller_origin()}: kind must be one of {[k.value for k in Kind]}, got {kind!r}")
+        for what, v, cls in (("dtype", dtype, DType), ("placement", placement, Placement), ("role", role, Role)):
+            if not isinstance(v, cls):
+                raise SpecError(f"{caller_origin()}: input {name!r} has {what} {v!r} ({type(v).__name__}); declare "
+                                f"one of {cls.__name__}'s members, e.g. {cls.__name__}.{next(iter(cls)).name} (from "
+                                "attnmeta.compiler.ir import DType, Placement, Role)")
         if fill is not None and (isinstance(fill, bool) or not isinstance(fill, int)):
             raise SpecError(f"{caller_origin()}: input {name!r} has fill {fill!r} ({type(fill).__name__}); a fill "
                             "is an int of the input's dtype (padded rows hold it)")
@@ -175,7 +188,11 @@ class SpecBuilder:
                 raise SpecError(f"{caller_origin()}: {op.value} operand {what} is not a value of spec {self.name!r}; "
                                 "use values this builder returned (not another builder's, nor a Python number: "
                                 "b.full(...) makes a constant)")
-        return self._op_at(op, list(ins), coerce_attrs(op, a), name, caller_origin())
+        try:
+            a = coerce_attrs(op, a)
+        except (TypeError, ValueError, SyntaxError) as e:  # an extent that is no expression of the symbols
+            raise SpecError(f"{caller_origin()}: {op.value}: {e}") from None
+        return self._op_at(op, list(ins), a, name, caller_origin())
 
     # --- sugar for the op table ---
     def full(self, value: int, shape: list, dtype: DType, placement=Placement.device, name=None) -> V:
@@ -323,6 +340,8 @@ class SpecBuilder:
         except (TypeError, ValueError, SyntaxError) as e:  # a malformed attribute (a dim that is no expression)
             raise SpecError(f"{origin}: {op.value}: {e}") from None
         self._check_shape(name or op.value, t)
+        if not self._depth and op not in (Op.full, Op.arange):  # a constant is made once at bind, in no region
+            self.defaulted.append(origin)
         node = Node(self._fresh(name, derive=True), op, tuple(v.name for v in ins), a, t, self._region,
                     self._movable, origin)
         self._nodes.append(node)
@@ -339,4 +358,14 @@ class SpecBuilder:
         """The graph, through the verifier: a malformed spec fails here, naming the node and its spec line."""
         from .verify import verify  # the builder's graphs go through the one verifier
 
+        if not self._outputs:
+            raise SpecError(f"{caller_origin()}: spec {self.name!r} binds no field: declare what its kernels read with "
+                            "b.outputs(kv_indptr=..., ...) before b.build()")
+        if self.defaulted:
+            import warnings
+
+            warnings.warn(SpecWarning(f"{self.defaulted[0]}: an op of spec {self.name!r} outside `with b.in_graph():` "
+                                      f"or `with b.out_graph():` is placed in_graph (the default; "
+                                      f"{len(self.defaulted)} such op(s)); say which region it belongs to"),
+                          stacklevel=2)
         return verify(Graph(self.name, tuple(self._inputs), tuple(self._nodes), tuple(self._outputs)))

@@ -147,7 +147,7 @@ def rows_spec(mode, options):
         pages = b.ewise("add", b.ewise("mul", b.gather_rows(pt, b.arange("bs", dtype=DType.int64), halves), 2),
                         b.outer("add", b.full(0, ["bs"], I32), b.ewise("mod", b.arange(8), 2)))  # after the page table
         ends = b.outer("gt", b.ewise("floordiv", seq, 2), b.arange(8))
-    b.outputs(swa=swa, flat=b.flatten(swa), pages=b.where(ends, pages, b.full(-1, [], I32)), pt=pt)
+        b.outputs(swa=swa, flat=b.flatten(swa), pages=b.where(ends, pages, b.full(-1, [], I32)), pt=pt)
     return b.build()
 
 
