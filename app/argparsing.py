@@ -50,8 +50,9 @@ class OneLine(argparse.ArgumentParser):
     def error(self, message: str):
         name, chosen = self._command()
         known = [o for a in self._actions for o in a.option_strings]
-        stray = [w.split("=")[0] for w in getattr(self, "_argv", ()) if w.startswith("-") and chosen is None
-                 and w.split("=")[0] not in known]
+        argv = list(getattr(self, "_argv", ()))
+        before = argv[:argv.index(name)] if name in argv else argv  # what came before the command word
+        stray = [w.split("=")[0] for w in before if w.startswith("-") and w.split("=")[0] not in known]
         if ("required: cmd" in message or "argument cmd:" in message) and stray:  # an option before any command
             cmds = [c for sp in self._actions if isinstance(sp, argparse._SubParsersAction) for c in sp.choices]
             owners = [c for sp in self._actions if isinstance(sp, argparse._SubParsersAction)
@@ -100,6 +101,13 @@ def positive(text: str) -> int:
     return n
 
 
+def device(text: str) -> str:
+    """cpu, cuda or cuda:N (checked here: torch's own error names two dozen device types and no flag)."""
+    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+
+
 def writable_dir(d: str) -> str:
     """``d`` exists (or is made) and can be written; otherwise the error says which and why."""
     try:
@@ -121,6 +129,12 @@ def writable_file(path: str, flag: str) -> str:
         raise OptionsError(f"{flag} {path}: that is a directory; give a file name in it")
     if not os.path.isdir(folder):
         raise OptionsError(f"{flag} {path}: the directory {folder} does not exist; create it, or write elsewhere")
-    if not os.access(folder, os.W_OK):
-        raise OptionsError(f"{flag} {path}: the directory {folder} is not writable; write elsewhere")
+    probe = os.path.join(folder, f".attnmeta-write-{os.getpid()}")
+    try:  # a real write: os.access says yes to root in /proc, and to a read-only mount
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise OptionsError(f"{flag} {path}: the directory {folder} is not writable ({e.strerror}); write "
+                           "elsewhere") from None
     return path

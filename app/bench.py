@@ -99,6 +99,10 @@ def planner_for(backend: str, dev, choice: str = "auto") -> str:
     step plans on the GPU in the graph), 'flashinfer-host' (the compiled step calls FlashInfer's host
     planner every step), 'stand-in', or 'none'."""
     if backend.removeprefix("tbo_").removeprefix("multistep_") not in PLANNED:
+        if choice != "auto":  # was ignored: the table then looked like the planner's
+            raise OptionsError(f"--planner {choice}: {backend!r} plans nothing on the host (the planners bench "
+                               f"measures are FlashInfer's: --backend {', '.join(sorted(PLANNED))}); leave --planner "
+                               "out")
         return "none"
     real = dev.type == "cuda" and importlib.util.find_spec("flashinfer") is not None
     if choice == "auto":

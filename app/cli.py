@@ -22,7 +22,7 @@ import sys
 from attnmeta.compiler.ir.errors import InternalError, OptionsError, UserError
 
 from . import inspect as dumps
-from .argparsing import Defaults, OneLine, positive, project_version, writable_dir, writable_file
+from .argparsing import Defaults, OneLine, device, positive, project_version, writable_dir, writable_file
 from .names import BACKENDS, MODES, PASSES
 from .table import table
 
@@ -142,10 +142,20 @@ def _dumped(dump_dir: str, a, name: str | None = None) -> None:
     if a.report:
         from .report import write
 
-        print(f"report: {write(run, a.report if isinstance(a.report, str) else None)}")
+        try:
+            print(f"report: {write(run, a.report if isinstance(a.report, str) else None)}")
+        except OSError as e:  # checked before the compile; the folder may have changed since
+            raise OptionsError(f"--report: cannot write the report ({e}); give --report a writable file") from None
+
+
+def _on_device(a, torch) -> None:
+    if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise OptionsError(f"--device {a.device}: this machine has no CUDA device; leave --device out (CPU here)")
 
 
 def cmd_inspect(a) -> int:
+    if a.html:
+        writable_file(a.html, "--html")
     run = dumps.find_run(a.dir)
     if a.keep is not None:
         gone = dumps.prune(run, a.keep)
@@ -154,8 +164,6 @@ def cmd_inspect(a) -> int:
         print(dumps.run_list(run))
         return 0
     dumps.check_filters(run, a.mode, a.pass_, a.diff)
-    if a.html:
-        writable_file(a.html, "--html")
     if a.html is not None:
         from .report import write
 
@@ -176,11 +184,7 @@ def cmd_inspect(a) -> int:
 def cmd_demo(a) -> int:
     import torch
 
-    if a.device and a.device.startswith("cuda") and not torch.cuda.is_available():
-        raise OptionsError(f"--device {a.device}: this machine has no CUDA device; leave --device out (CPU here)")
-    for name in ("steps", "max_bs", "num_steps", "topk"):
-        if getattr(a, name) < 1:
-            raise OptionsError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    _on_device(a, torch)
     drafts = a.backend.startswith("multistep_") or a.backend == "flashattention_draft"
     given = [f for f, v in (("--topk", a.topk), ("--num-steps", a.num_steps)) if v != {"--topk": 1,
                                                                                       "--num-steps": 3}[f]]
@@ -225,9 +229,15 @@ def cmd_bench(a) -> int:
 
     import torch
 
-    from .bench import format_table, planner_label, run_bench
+    from .bench import format_table, planner_for, planner_label, run_bench
 
+    _on_device(a, torch)
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    planner_for(a.backend, torch.device(dev), a.planner)  # a planner this machine lacks: refused before any note
+    if a.e2e_layers:
+        from .e2e import check_e2e
+
+        check_e2e(a.backend, a.page_size)
     if dev == "cpu":
         from attnmeta.compiler.lowering.triton_kernels import set_cpu_kernels
 
@@ -265,18 +275,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("backend", help=f"a backend ({', '.join(BACKENDS)}; or another installed package's), or your "
                                    "spec as pkg.module:SPEC or path/to/file.py:SPEC")
     c.add_argument("--modes", nargs="+", default=["decode", "idle"], choices=MODES, help="forward modes to compile")
-    c.add_argument("--max-bs", type=int, default=256, help="the largest batch; static buffers are sized for it")
-    c.add_argument("--capture-sizes", type=int, nargs="+", help="batch sizes to compile for capture "
+    c.add_argument("--max-bs", type=positive, default=256, help="the largest batch; static buffers are sized for it")
+    c.add_argument("--capture-sizes", type=positive, nargs="+", help="batch sizes to compile for capture "
                                                                 "(default: 1 2 4 8 12 16 24 ... up to --max-bs)")
     c.add_argument("--page-size", type=int, default=None,
                    help="KV page size (a power of two; default 1, or the first a backend serves when it serves not 1)")
-    c.add_argument("--max-context-len", type=int, default=4096, help="tokens per request at most (L)")
-    c.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
-    c.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
-    c.add_argument("--num-draft-tokens", type=int, default=4, help="tokens verified per request (target_verify)")
+    c.add_argument("--max-context-len", type=positive, default=4096, help="tokens per request at most (L)")
+    c.add_argument("--num-steps", type=positive, default=3, help="draft steps per round (multistep_*)")
+    c.add_argument("--topk", type=positive, default=1, help="draft branches per request (multistep_*)")
+    c.add_argument("--num-draft-tokens", type=positive, default=4, help="tokens verified per request (target_verify)")
     c.add_argument("--sm-count", type=int, default=132, help="SMs of the target GPU (triton's split heuristic)")
-    c.add_argument("--num-heads", type=int, default=32, help="query heads of the model (triton's split heuristic)")
-    c.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the model (triton's split heuristic)")
+    c.add_argument("--num-heads", type=positive, default=32, help="query heads of the model (triton's split heuristic)")
+    c.add_argument("--num-kv-heads", type=positive, default=8, help="KV heads of the model (triton's split heuristic)")
     c.add_argument("--sliding-window", type=int, default=0,
                    help="tokens the model's sliding-window layers read (0: none; triton)")
     c.add_argument("--window-pool", action="store_true",
@@ -329,7 +339,7 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--html", nargs="?", const="", metavar="FILE", help="write the HTML report (default "
                                                                        "<run>/report.html)")
     i.add_argument("--runs", action="store_true", help="list the backend's runs (status, passes, the latest)")
-    i.add_argument("--keep", type=int, metavar="N", help="delete all but the newest N runs, then list them")
+    i.add_argument("--keep", type=positive, metavar="N", help="delete all but the newest N runs, then list them")
     i.set_defaults(fn=cmd_inspect)
     d = sub.add_parser("demo", help="a serving loop, every step checked against the eager twin and a pool oracle",
                        formatter_class=fmt)
@@ -337,12 +347,12 @@ def parser() -> argparse.ArgumentParser:
                    help="the backend whose metadata the loop's attention reads (a built-in kind: the demo's model "
                         "reads its fields; a spec of your own runs in examples/serve.py); multistep_* and "
                         "flashattention_draft run the EAGLE drafter's steps")
-    d.add_argument("--num-steps", type=int, default=3, help="draft steps per round (multistep_*)")
-    d.add_argument("--topk", type=int, default=1, help="draft branches per request (multistep_*)")
-    d.add_argument("--steps", type=int, default=120, help="serving steps to run")
-    d.add_argument("--max-bs", type=int, default=48, help="the largest batch")
-    d.add_argument("--capture-sizes", type=int, nargs="+", help="default: 1 2 4 8 16 24 32 (up to --max-bs)")
-    d.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
+    d.add_argument("--num-steps", type=positive, default=3, help="draft steps per round (multistep_*)")
+    d.add_argument("--topk", type=positive, default=1, help="draft branches per request (multistep_*)")
+    d.add_argument("--steps", type=positive, default=120, help="serving steps to run")
+    d.add_argument("--max-bs", type=positive, default=48, help="the largest batch")
+    d.add_argument("--capture-sizes", type=positive, nargs="+", help="default: 1 2 4 8 16 24 32 (up to --max-bs)")
+    d.add_argument("--device", type=device, default=None, help="cuda or cpu (default: cuda when there is one)")
     d.add_argument("--kernels", choices=["torch", "triton"], default="torch",
                    help="on a CPU: kernels as torch, or in Triton's interpreter (slow; what the tests check)")
     d.add_argument("--seed", type=int, default=0, help="the scheduler's random seed")
@@ -356,8 +366,8 @@ def parser() -> argparse.ArgumentParser:
         "multistep_flashinfer", "multistep_triton", "dsv4", "flashmla", "trtllm_mla"])
     be.add_argument("--sizes", type=positive, nargs="+", default=[1, 8, 64, 256], help="batch sizes to measure")
     be.add_argument("--iters", type=positive, default=300, help="timed steps per size and column")
-    be.add_argument("--max-context-len", type=int, default=4096, help="L")
-    be.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
+    be.add_argument("--max-context-len", type=positive, default=4096, help="L")
+    be.add_argument("--device", type=device, default=None, help="cuda or cpu (default: cuda when there is one)")
     be.add_argument("--planner", choices=["auto", "flashinfer", "flashinfer-host", "stand-in"], default="auto",
                     help="flashinfer's planner: FlashInfer's (GPU with FlashInfer; the compiled step plans on the "
                          "GPU), flashinfer-host (the compiled step calls FlashInfer's host planner), or the CPU "
@@ -367,8 +377,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--mode", default="decode", choices=["decode", "target_verify", "draft_extend"],
                     help="the forward mode of the measured steps (draft tokens: 4)")
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    be.add_argument("--page-size", type=int, default=1, help="with --e2e-layers and flashattention: the pool's page "
-                    "size, 16 or more (FlashInfer's XQA reads the page table)")
+    be.add_argument("--page-size", type=positive, default=1, help="with --e2e-layers and flashattention: the pool's "
+                    "page size, 16 or more (FlashInfer's XQA reads the page table)")
     be.add_argument("--e2e-layers", type=int, default=0, metavar="N",
                     help="instead: a decode loop of N layers of real attention per step, wall time, attnmeta vs "
                          "the eager metadata path (GPU)")

@@ -59,15 +59,20 @@ def _graph(fn):
     return g
 
 
-def run_e2e(backend: str, sizes=(1, 8, 64, 256), layers: int = 32, iters: int = 100, warmup: int = 10,
-            max_context_len: int = 4096, progress=lambda xs, *a, **k: xs, page_size: int = 1) -> list[dict]:
-    xqa = backend == "flashattention"
-    if backend not in ("flashinfer", "triton") and not (xqa and page_size >= 16):
+def check_e2e(backend: str, page_size: int) -> None:
+    """Refuses what run_e2e cannot measure, naming why (called by the command line before any work)."""
+    if backend not in ("flashinfer", "triton") and not (backend == "flashattention" and page_size >= 16):
         raise OptionsError(f"--e2e-layers runs FlashInfer's wrapper, FlashInfer's XQA (flashattention with "
                            f"--page-size 16 or more) or the Triton split-KV kernel; {backend!r} with page size "
                            f"{page_size} has no real attention kernel here")
     if not torch.cuda.is_available():
         raise OptionsError("--e2e-layers runs real attention kernels: it needs a CUDA device")
+
+
+def run_e2e(backend: str, sizes=(1, 8, 64, 256), layers: int = 32, iters: int = 100, warmup: int = 10,
+            max_context_len: int = 4096, progress=lambda xs, *a, **k: xs, page_size: int = 1) -> list[dict]:
+    check_e2e(backend, page_size)
+    xqa = backend == "flashattention"
     dev, L, max_bs, P = torch.device("cuda"), max_context_len, max(sizes), page_size if xqa else 1
     compiled = compile_backend(backend, CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L,
                                                        num_heads=HEADS[0], num_kv_heads=HEADS[1], page_size=P))

@@ -21,7 +21,7 @@ import os
 import time
 
 from .instruments import Instrument
-from .ir import Graph, print_graph
+from .ir import Graph, print_graph, print_graph_or_say_why
 from .ir.dot import to_dot
 from .passes.registry import PassContext
 
@@ -137,7 +137,7 @@ class DumpDir(Instrument):
         n = self._count[d]
         ir = os.path.join(d, f"{n:02d}-{name}.failed.ir")
         with open(ir, "w") as f:
-            f.write(header(name, ctx).replace("After", "Before (failed)") + print_graph(g))
+            f.write(header(name, ctx).replace("After", "Before (failed)") + print_graph_or_say_why(g))
         self.failure = {"pass": name, "mode": ctx.mode.name.lower(), "bs": ctx.bs, "error": type(error).__name__,
                         "message": str(error), "ir": os.path.relpath(ir, self.run),
                         "violations": [{"rule": v.rule, "node": v.node, "origin": v.origin, "message": v.message,

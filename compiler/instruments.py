@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TextIO
 
-from .ir import Graph, print_graph
+from .ir import Graph, print_graph_or_say_why
 from .ir import verify as verify_graph
 from .passes.registry import PassContext
 
@@ -73,11 +73,7 @@ class PrintIR(Instrument):
 
     def _print(self, what: str, name: str, g: Graph, ctx) -> None:
         where = ctx.mode.name.lower() + ("" if ctx.bs is None else f", bs={ctx.bs}")
-        try:
-            text = print_graph(g)
-        except Exception as e:  # noqa: BLE001 - a graph the failure left unprintable: say so, keep the error
-            text = f"// (the IR printer failed on this graph: {type(e).__name__}: {e})\n"
-        self.stream.write(f"// -----// IR Dump {what} {name} ({where}) //----- //\n{text}")
+        self.stream.write(f"// -----// IR Dump {what} {name} ({where}) //----- //\n{print_graph_or_say_why(g)}")
 
     def before(self, name, g, ctx):
         self._prev = g

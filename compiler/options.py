@@ -75,15 +75,15 @@ class CompileOptions:
             if not isinstance(v, int) or isinstance(v, bool):
                 raise OptionsError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
         if self.max_bs < 1:
-            raise OptionsError(f"max_bs must be >= 1, got {self.max_bs}")
+            raise OptionsError(f"max_bs must be >= 1, got {self.max_bs} (--max-bs)")
         if self.page_size < 1 or self.page_size & (self.page_size - 1):
-            raise OptionsError(f"page_size must be a power of two, got {self.page_size}")
+            raise OptionsError(f"page_size must be a power of two, got {self.page_size} (--page-size)")
         if self.max_context_len < 1:
-            raise OptionsError(f"max_context_len must be >= 1, got {self.max_context_len}")
+            raise OptionsError(f"max_context_len must be >= 1, got {self.max_context_len} (--max-context-len)")
         bad = [s for s in self.capture_sizes if not 1 <= s <= self.max_bs]
         if bad:
-            raise OptionsError(f"capture sizes {bad} are outside 1..max_bs={self.max_bs}; "
-                               f"raise --max-bs or drop those sizes")
+            raise OptionsError(f"capture sizes {bad} are outside 1..max_bs={self.max_bs}; raise --max-bs "
+                               "or drop those sizes (--capture-sizes)")
         for name, v in (("num_draft_tokens", self.num_draft_tokens), ("topk", self.topk),
                         ("num_steps", self.num_steps), ("num_heads", self.num_heads),
                         ("num_kv_heads", self.num_kv_heads)):

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import attrs
 
 from .ir import Graph
-from .ir.builder import SpecError
+from .ir.builder import SpecError, caller_origin
 from .ir.errors import InternalError, OptionsError, UnknownName, UserError
 from .modes import ForwardMode
 from .options import CompileOptions
@@ -47,6 +47,24 @@ class BackendSpec:
     # Its own check of the options against what it serves, after the generic ones (raises OptionsError naming the
     # option and the fix): the compiler core names no backend's option
     check: Callable[[CompileOptions], None] = attrs.field(default=lambda options: None, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        """A spec's declaration is checked where it is written (its module's line), not when a mode is built
+        deep inside the compiler: ``modes=("decode",)`` was an AttributeError traceback at compile."""
+        at = caller_origin(os.path.dirname(os.path.abspath(__file__)))
+        if not isinstance(self.name, str) or not self.name or any(c in self.name for c in "/\\: \t\n"):
+            raise SpecError(f"{at}: a BackendSpec's name is a word that names its dumps' folder (e.g. 'mine'), "
+                            f"got {self.name!r}")
+        if not callable(self.build):
+            raise SpecError(f"{at}: BackendSpec {self.name!r}: build must be a function (mode, options) -> Graph, "
+                            f"got {type(self.build).__name__}")
+        modes = self.modes if isinstance(self.modes, tuple | list) else (self.modes,)
+        bad = [m for m in modes if not isinstance(m, ForwardMode)]
+        if bad or not modes:
+            raise SpecError(f"{at}: BackendSpec {self.name!r}: modes must be a non-empty tuple of ForwardMode "
+                            f"members (from attnmeta.compiler import ForwardMode; e.g. (ForwardMode.DECODE,)), got "
+                            f"{self.modes!r}; the modes: {', '.join(m.name for m in ForwardMode)}")
+        object.__setattr__(self, "modes", tuple(modes))
 
 
 _REGISTERED: dict[str, BackendSpec] = {}

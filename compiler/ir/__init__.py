@@ -10,7 +10,7 @@ _FROM = {
     ".builder": ("SpecBuilder", "SpecError", "SpecWarning", "V"),
     ".graph": ("Buffer", "Graph", "Input", "Kind", "Node", "Output", "Role", "Space", "Use"),
     ".interp": ("eval_graph", "valid_prefix"), ".ops": ("OPS", "Op", "OpInfo", "ShapeError"),
-    ".parser": ("ParseError", "parse"), ".printer": ("print_graph",),
+    ".parser": ("ParseError", "parse"), ".printer": ("print_graph", "print_graph_or_say_why"),
     ".types": ("SYMBOLS", "DType", "Dynamic", "Placement", "Region", "TensorType", "dim"),
     ".verify": ("VerifyError", "verify"),
 }
@@ -50,5 +50,6 @@ _sys.modules[__name__].__class__ = _Package
 __all__ = [
     "OPS", "SYMBOLS", "Buffer", "DType", "Dynamic", "Graph", "Input", "Kind", "Node", "Op", "OpInfo", "Output",
     "ParseError", "Placement", "Region", "Role", "ShapeError", "Space", "SpecBuilder", "SpecError", "TensorType",
-    "Use", "V", "VerifyError", "dim", "eval_graph", "parse", "print_graph", "valid_prefix", "verify",
+    "Use", "V", "VerifyError", "dim", "eval_graph", "parse", "print_graph", "print_graph_or_say_why", "valid_prefix",
+    "verify",
 ]

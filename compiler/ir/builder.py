@@ -41,11 +41,13 @@ class SpecWarning(UserWarning):
     """A legal spec that may not say what its author meant (an op left in the default region)."""
 
 
-def caller_origin() -> str:
-    """``path:line`` of the first frame outside the IR package."""
-    here = os.path.dirname(os.path.abspath(__file__))
+def caller_origin(here: str | None = None) -> str:
+    """``path:line`` of the first frame outside the IR package (or the directory ``here``) and outside the code
+    attrs generates (its validators run in ``<attrs generated ...>`` frames, no line a user could open)."""
+    here = here or os.path.dirname(os.path.abspath(__file__))
     f = sys._getframe(1)
-    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+    while f is not None and (f.f_code.co_filename.startswith("<attrs generated")
+                             or os.path.abspath(f.f_code.co_filename).startswith(here + os.sep)):
         f = f.f_back
     if f is None:
         return "<unknown>"

@@ -86,6 +86,8 @@ def infer_page_table(ins, a):
     _rank(rows, 1, "page_table rows")
     _rank(lens, 1, "page_table lens")
     integers("page_table", rows=rows, lens=lens)
+    if a["page_size"] < 1:
+        raise ShapeError(f"page_table page_size must be >= 1 (tokens per page), got {a['page_size']}")
     return TensorType(DType.int32, (rows.shape[0], a["width"]), rows.placement)
 
 

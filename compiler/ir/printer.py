@@ -86,3 +86,16 @@ def print_graph(g: Graph) -> str:
     lines += [fmt_buffer(b) for b in g.buffers]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def print_graph_or_say_why(g: Graph) -> str:
+    """``print_graph(g)``, or, for a graph a failure left unprintable (a field no printer knows), what can be said
+    of it and the printer's error: what a failure's dump, repro bundle and failure printer write, so none of them
+    raises over the error it reports."""
+    try:
+        return print_graph(g)
+    except Exception as e:  # noqa: BLE001 - the printer failing too must not hide the failure being reported
+        nodes = "".join(f"//   {n!r}\n" for n in getattr(g, "nodes", ()))
+        return (f"// the IR printer failed on this graph: {type(e).__name__}: {e}\n// graph "
+                f"{getattr(g, 'name', '?')!r}: {len(getattr(g, 'inputs', ()))} inputs, "
+                f"{len(getattr(g, 'nodes', ()))} nodes\n{nodes}")

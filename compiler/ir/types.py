@@ -90,6 +90,9 @@ def dim(x: int | str | sympy.Expr | Dynamic, names: bool = False) -> Dim:
         return sympy.Integer(x)
     if isinstance(x, str):
         return _parse_dim(x, names)
+    if not isinstance(x, sympy.Expr):  # a float or None: no extent, and sympy would fail on it deep inside
+        raise TypeError(f"{x!r} ({type(x).__name__}) is no extent; an extent is an int or an expression over "
+                        "the symbols (e.g. 'bs + 1')")
     return x if x.is_Atom else _simplify(x)
 
 

@@ -8,7 +8,7 @@ from attrs import evolve as attrs_evolve
 from .errors import Diagnostic, UserError
 from .graph import Graph, Kind, Role
 from .ops import Op, ShapeError, infer
-from .types import SYMBOLS, Dynamic, TensorType
+from .types import SYMBOLS, DType, Dynamic, Placement, TensorType
 
 
 class VerifyError(UserError):
@@ -43,6 +43,9 @@ def verify(g: Graph) -> Graph:
 
     Raises VerifyError listing every problem; returns ``g`` unchanged.
     """
+    bad = _type_problems(g)
+    if bad:  # every later check reads these fields: stop before they crash on them
+        raise VerifyError(g.name, bad)
     problems: list[str] = []
     types: dict[str, TensorType] = {}
     known = set(SYMBOLS)
@@ -102,6 +105,23 @@ def verify(g: Graph) -> Graph:
     if problems:
         raise VerifyError(g.name, sorted(set(problems), key=problems.index))
     return g
+
+
+def _type_problems(g: Graph) -> list[str]:
+    """Types whose fields are not the IR's own (a string for a DType, a float for an extent): a graph a pass or
+    a hand-made spec built past the builder's checks."""
+    out = []
+    for what, name, t in [*(("input", i.name, i.type) for i in g.inputs), *(("value", n.name, n.type)
+                                                                             for n in g.nodes)]:
+        if not isinstance(t, TensorType):
+            out.append(f"{what} %{name} has type {t!r}, not a TensorType")
+            continue
+        for field, v, cls in (("dtype", t.dtype, DType), ("placement", t.placement, Placement)):
+            if not isinstance(v, cls):
+                out.append(f"{what} %{name} has {field} {v!r} ({type(v).__name__}), not a {cls.__name__}")
+        if any(not isinstance(d, sympy.Expr | Dynamic) for d in t.shape):
+            out.append(f"{what} %{name} has shape {t.shape!r}: each extent is an expression or Dynamic")
+    return out
 
 
 def _relation_problems(i, g: Graph) -> list[str]:

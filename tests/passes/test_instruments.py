@@ -41,6 +41,43 @@ def test_crashing_pass_writes_a_repro_bundle_that_reruns(tmp_path, monkeypatch):
         PASSES.pop("explode-test")
 
 
+def test_a_crash_on_a_graph_the_printer_cannot_print_still_writes_its_bundle(tmp_path, monkeypatch):
+    """A spec's string dtype once crashed pack-inputs, then the IR printer and write_repro on the same graph: no
+    bundle, and the failure printer's own traceback. A pass that leaves such a graph, then one that crashes."""
+    from attnmeta.compiler.instruments import PrintIR
+
+    @register_pass("corrupt-test")
+    def corrupt(g, ctx):
+        """Leaves an input whose dtype is a string (no IR printer prints it)."""
+        i = g.inputs[0]
+        return attrs.evolve(g, inputs=(attrs.evolve(i, type=attrs.evolve(i.type, dtype="int32")), *g.inputs[1:]))
+
+    @register_pass("explode-test")
+    def explode(g, ctx):
+        """Crashes on purpose."""
+        raise ZeroDivisionError("boom")
+
+    try:
+        monkeypatch.setattr("attnmeta.compiler.pipeline.PER_BS_PASSES",
+                            (*PER_BS_PASSES[:1], "corrupt-test", "explode-test"))
+        opts = CompileOptions(max_bs=4, capture_sizes=(2,), dump_dir=str(tmp_path), verify_each=False)
+        shown = io.StringIO()
+        with pytest.raises(PassError) as e:
+            compile_backend("triton", opts, instruments=[PrintIR(shown, after=set(), on_failure=True)])
+        err = e.value
+        assert err.repro and sorted(os.listdir(err.repro)) == ["input.ir", "options.json", "repro.py"]
+        text = open(os.path.join(err.repro, "input.ir")).read()
+        assert text.startswith("// the IR printer failed on this graph") and "nodes" in text
+        assert "ZeroDivisionError: boom" in str(err) and err.repro in str(err)
+        # verifying after every pass, the verifier names the pass that made the graph, before any crash
+        with pytest.raises(PassError, match=r"(?s)pass 'corrupt-test' failed.*input %seq_lens has dtype 'int32' "
+                                            r"\(str\), not a DType"):
+            compile_backend("triton", attrs.evolve(opts, verify_each=True))
+    finally:
+        PASSES.pop("corrupt-test")
+        PASSES.pop("explode-test")
+
+
 def test_disabling_hoist_makes_check_split_name_the_upgrade():
     from attnmeta.compiler import BackendSpec
     from tests.passes.test_semantics import rich_spec

@@ -1,0 +1,242 @@
+"""What a newcomer types, right or wrong, and what ``attnmeta`` must answer: exit 2 with one line naming the fix,
+or exit 0 where the call is valid. The table drives tests/app/test_invocations.py, which runs each row through
+the installed ``attnmeta`` command in a fresh folder holding ``SPECS`` (each a mistake made in examples/mine.py).
+
+A row: ``(argv, says)``, ``says`` a fragment of the one line (exit 2), ``OK`` (exit 0: the call is valid), or a
+``Report``: exit 2 with check-split's report (every violation, its rule, spec line and fix, after the IR it
+rejected), its first ``attnmeta:`` line holding the fragment."""
+
+from __future__ import annotations
+
+OK = None
+
+
+class Report(str):
+    """check-split's answer: several lines by design (each violation with its fix), still exit 2."""
+
+_MINE = "examples/mine.py"
+
+# name -> (the text of examples/mine.py to replace, its replacement): each file is one mistake
+_LENS = 'b.input("seq_lens", DType.int32, ["bs"], fill=1, mirror="seq_lens_cpu", kind=Kind.length)'
+_ROWS = 'DType.int64, ["bs"], fill=0, mirror="req_pool_indices_cpu", kind=Kind.row)'
+_CU = "cu_seqlens_k = b.cumsum(seq_lens)"
+SPECS = {
+    "noreturn": ("return b.build()", "b.build()"),
+    "returns42": ("return b.build()", "return 42"),
+    "strdtype": ('b.input("seq_lens", DType.int32', 'b.input("seq_lens", "int32"'),
+    "f32lens": (_LENS, 'b.input("seq_lens", DType.float32, ["bs"], fill=1, mirror="seq_lens_cpu")'),
+    "boollens": (_LENS, 'b.input("seq_lens", DType.bool, ["bs"], fill=1, mirror="seq_lens_cpu")'),
+    "f32rows": (_ROWS, 'DType.float32, ["bs"], fill=0, mirror="req_pool_indices_cpu")'),
+    "f32kind": (_LENS, 'b.input("seq_lens", DType.float32, ["bs"], fill=1, kind=Kind.length)'),
+    "arangeQ": (_CU, 'cu_seqlens_k = b.arange("Q + 1")'),
+    "repeat0": (_CU, "cu_seqlens_k = b.repeat(seq_lens, 0)"),
+    "nooutputs": ("    b.outputs(page_table=page_table", "    dict(page_table=page_table"),
+    "raises": ("    req_to_token = b.pool(", "    raise ValueError('my spec is broken')\n    req_to_token = b.pool("),
+    "syntax": ("def build(mode, options):", "def build(mode, options:"),
+    "strmodes": ("(ForwardMode.DECODE,)", "('decode',)"),
+    "nomodes": ("(ForwardMode.DECODE,)", "()"),
+    "badname": ('BackendSpec("mine"', 'BackendSpec("my/backend"'),
+    "dupinput": ('rows = b.input("req_pool_indices"', 'rows = b.input("seq_lens"'),
+    "floatdim": ('["R", "L"]', '["R", "L", 3.5]'),
+    "nosymbol": ('["R", "L"]', '["R", "Zq"]'),
+    "badop": (_CU, 'cu_seqlens_k = b.op("frobnicate", seq_lens)'),
+    "badewise": (_CU, 'cu_seqlens_k = b.ewise("pow", seq_lens, 2)'),
+    "badcompare": (_CU, 'cu_seqlens_k = b.compare("approx", seq_lens, 2)'),
+    "badreduce": (_CU, 'cu_seqlens_k = b.reduce("median", seq_lens)'),
+    "hostread": ("        cache_seqlens = b.copy(seq_lens)", "        cache_seqlens = b.copy(seq_lens_cpu)"),
+    "page0": ("page_size=options.page_size", "page_size=0"),
+    "intfield": ("cache_seqlens=cache_seqlens,", "cache_seqlens=3,"),
+    "strfill": ('fill=0, mirror="req_pool_indices_cpu"', 'fill="zero", mirror="req_pool_indices_cpu"'),
+    "slice31": (_CU, "cu_seqlens_k = b.slice(seq_lens, 3, 1)"),
+    "clamp51": (_CU, "cu_seqlens_k = b.clamp(seq_lens, 5, 1)"),
+    "importerr": ("from attnmeta.compiler import", "import not_a_module_xyz\nfrom attnmeta.compiler import"),
+    "specnone": ("SPEC = BackendSpec(", "SPEC = None and BackendSpec("),
+    "strcast": (_CU, 'cu_seqlens_k = b.cast(seq_lens, "i64")'),
+    "pyint": (_CU, "cu_seqlens_k = b.cumsum(7)"),
+    "rank2lens": (_LENS, 'b.input("seq_lens", DType.int32, ["bs", 2], fill=1, kind=Kind.length)'),
+    "strkind": (_LENS, 'b.input("seq_lens", DType.int32, ["bs"], fill=1, kind="length")'),
+    "strplace": ('Placement.host, fill=1', '"host", fill=1'),
+    "negdim": ('["R", "L"]', '["R", -4]'),
+    "nameclash": ("cu_seqlens_k = b.cumsum(seq_lens)", 'cu_seqlens_k = b.cumsum(seq_lens, name="seq_lens")'),
+    "foreignv": (_CU, 'cu_seqlens_k = b.cumsum(SpecBuilder("x").input("y", DType.int32, ["bs"]))'),
+    "outside": ("    with b.out_graph():  # host", "    extra = b.copy(seq_lens)\n    with b.out_graph():  # host"),
+    "regionop": ("        cache_seqlens = b.copy(seq_lens)", "        cache_seqlens = b.copy(page_table)"),
+}
+
+
+def spec_text(original: str, name: str) -> str:
+    old, new = SPECS[name]
+    assert old in original, f"examples/mine.py changed: {name}'s mutation no longer applies"
+    return original.replace(old, new, 1)
+
+
+_SMALL = ["--max-bs", "8", "--capture-sizes", "8"]
+
+
+def _spec(name: str, *more: str) -> list[str]:
+    return ["compile", f"{name}.py:SPEC", *_SMALL, *more]
+
+
+INVOCATIONS: list[tuple[list[str], str | None]] = [
+    # the review's: tracebacks before
+    (["compile", "flashinfer", "--out", "/nonexistent/dir/x.attnmeta"], "the directory /nonexistent/dir does not"),
+    (["compile", "flashinfer", "--report", "/nonexistent/dir/r.html"], "the directory /nonexistent/dir does not"),
+    (["compile", f"{_MINE}:build"], "is not a BackendSpec (got a function that needs arguments"),
+    (["compile", "os.path:join"], "is not a BackendSpec"),
+    (_spec("noreturn"), "end it with `return b.build()`"),
+    (_spec("strdtype"), "input 'seq_lens' has dtype 'int32' (str)"),
+    # a spec's lengths or rows of the wrong dtype, its kind inferred
+    (_spec("f32lens"), "page_table lens index memory and must be integers"),
+    (_spec("boollens"), "page_table lens index memory and must be integers"),
+    (_spec("f32rows"), "page_table rows index memory and must be integers"),
+    (_spec("f32kind"), "lengths are integers: declare it DType.int32"),
+    # wrong or misleading one-liners before
+    (["inspect", "--out", "x"], "--out is an option of attnmeta compile, not of attnmeta inspect"),
+    (["inspect", "runs", "--output", "x"], "unrecognized arguments: --output"),
+    (["bench", "--topk", "2"], "--topk is an option of attnmeta compile, attnmeta demo, not of attnmeta bench"),
+    (["bench", "--steps", "2"], "--steps is an option of attnmeta demo, not of attnmeta bench"),
+    (["bench", "--planner", "flashinfer-host"], "--planner flashinfer-host needs a CUDA device and FlashInfer"),
+    (_spec("arangeQ"), "arangeQ.py:26: arange: 'Q + 1' names 'Q', which is no symbol"),
+    (["compile", "notpy.txt:SPEC"], "is not a Python file"),
+    (["compile", ":SPEC"], "names no module or file before the ':'"),
+    (["--frobnicate"], "unknown option --frobnicate"),
+    (["demo", "--backend", f"{_MINE}:SPEC"], "attnmeta demo serves attnmeta's built-in kinds"),
+    (["bench", "--backend", f"{_MINE}:SPEC"], "attnmeta bench serves attnmeta's built-in kinds"),
+    (["bench", "--backend", "cutedsl_mla"], "invalid choice: 'cutedsl_mla'"),
+    (["compile", "flashinfer", "--disable-pass", "verify"], "--disable-pass verify switches off a safety check"),
+    # silent before
+    (_spec("raises", "--dump-dir", "dumps", "--report"), "raised ValueError: my spec is broken"),
+    (_spec("nooutputs"), "binds no field: declare what its kernels read with b.outputs("),
+    (_spec("outside"), OK),  # legal: placed in_graph, with a SpecWarning (SPEC.md says so)
+    (["demo", "--backend", "flashinfer", "--topk", "2"], "'flashinfer' is not a drafter"),
+    (["inspect", "--bs", "-1"], "argument --bs: must be at least 1, got -1"),
+    (_spec("repeat0"), "repeat times must be >= 1"),
+    # the command line, more
+    ([], "the following arguments are required: cmd"),
+    (["complie", "flashinfer"], "invalid choice: 'complie'"),
+    (["compile"], "the following arguments are required: backend"),
+    (["compile", "flashinfr"], "did you mean 'flashinfer'"),
+    (["compile", "nosuch"], "unknown backend 'nosuch'; available:"),
+    (["compile", "flashinfer", "--max-bs", "0"], "argument --max-bs: must be at least 1, got 0"),
+    (["compile", "flashinfer", "--max-bs", "abc"], "--max-bs"),
+    (["compile", "flashinfer", "--max-bs", "-3"], "argument --max-bs: must be at least 1, got -3"),
+    (["compile", "flashinfer", "--max-bs", "8", "--capture-sizes", "0"], "capture"),
+    (["compile", "flashinfer", "--max-bs", "8", "--capture-sizes", "16"],
+     "capture sizes [16] are outside 1..max_bs=8; raise --max-bs or drop those sizes (--capture-sizes)"),
+    (["compile", "flashinfer", "--page-size", "0"], "page_size must be a power of two, got 0 (--page-size)"),
+    (["compile", "flashinfer", "--page-size", "12"], "page_size must be a power of two, got 12 (--page-size)"),
+    (["compile", "flashinfer", "--max-context-len", "0"], "argument --max-context-len: must be at least 1"),
+    (["compile", "flashinfer", "--modes", "prefill"], "invalid choice: 'prefill'"),
+    (["compile", "triton", "--modes", "extend"], "does not support modes ['extend']"),
+    (["compile", "flashinfer", "--disable-pass", "nosuch"], "--disable-pass nosuch: no such pass"),
+    (["compile", "flashinfer", "--disable-pass", "fusee"], "did you mean 'fuse'?"),
+    (["compile", "flashinfer", "--disable-pass", "check-split"], "switches off a safety check"),
+    (["compile", "flashinfer", "--disable-pass", "plan-buffers"], "cannot be disabled"),
+    (["compile", "flashinfer", "--print-after", "nosuch"], "nosuch"),
+    (["compile", "flashinfer", "--print-before", "fusee"], "fusee"),
+    (["compile", "flashinfer", "--dump-bs", "3", "--max-bs", "8", "--capture-sizes", "4", "8"], "--capture-sizes"),
+    (["compile", "flashinfer", "--dump-modes", "extend"], "extend"),
+    (["compile", "flashinfer", "--dump-dir", "/proc/attnmeta-dumps"], "is not writable"),
+    (["compile", "flashinfer", "--dump-dir", "notpy.txt"], "notpy.txt"),
+    (["compile", "flashinfer", "--out", "."], "--out"),
+    (["compile", "flashinfer", "--report", "/proc/r.html"], "--report"),
+    (["compile", "flashinfer", "--num-draft-tokens", "0"], "argument --num-draft-tokens: must be at least 1, got 0"),
+    (["compile", "multistep_triton", "--topk", "0"], "argument --topk: must be at least 1, got 0"),
+    (["compile", "multistep_triton", "--num-steps", "-1"], "argument --num-steps: must be at least 1, got -1"),
+    (["compile", "triton", "--index-topk", "512"], "index"),
+    (["compile", "dsv4", "--index-topk", "300"], "invalid choice: 300 (choose from 512, 1024)"),
+    (["compile", "dsv4", "--compress-ratios", "2", "4"], "compress_ratios must be drawn from 4 and 128"),
+    (["compile", "triton", "--compress-ratios", "4"], "compress"),
+    (["compile", "triton", "--sm-count", "-1"], "sm_count must be an int >= 0"),
+    (["compile", "triton", "--max-kv-splits", "0"], "split"),
+    (["compile", "flashinfer", "--sliding-window", "-5"], "sliding"),
+    (["compile", "triton", "--attention-chunk", "64"], "attention"),
+    (["compile", "flashattention", "--attention-chunk", "-1"], "attention"),
+    (["compile", "triton", "--draft-window", "8"], "draft"),
+    (["compile", "flashinfer", "--num-heads", "0"], "heads"),
+    (["compile", "flashinfer", "--num-kv-heads", "3", "--num-heads", "32"], "heads"),
+    (["compile", "flashinfer", "--window-pool"], "window"),
+    (["compile", "flashinfer", "--bs", "8"], "--bs is an option of attnmeta inspect, not of attnmeta compile"),
+    (["compile", "flashinfer", "--steps", "3"], "--steps is an option of attnmeta demo"),
+    (["compile", "flashinfer", "--iters", "3"], "--iters is an option of attnmeta bench"),
+    (["compile", "flashinfer", "extra"], "unrecognized arguments: extra"),
+    (["--max-bs", "8", "compile", "flashinfer"], "unknown option --max-bs; it is an option of attnmeta compile"),
+    (["compile", "nosuch.py:SPEC"], "no spec file 'nosuch.py'"),
+    (["compile", f"{_MINE}:NOPE"], "is not a BackendSpec (got NoneType)"),
+    (["compile", _MINE], "is a spec file: name the spec in it"),
+    (["compile", "not_a_module_xyz:SPEC"], "not_a_module_xyz"),
+    (["compile", "importerr.py:SPEC"], "No module named 'not_a_module_xyz'"),
+    (["compile", "syntax.py:SPEC"], "a syntax error in the spec's code"),
+    (["compile", "specnone.py:SPEC"], "is not a BackendSpec (got NoneType)"),
+    (_spec("returns42"), "returned int, not a graph"),
+    (_spec("strmodes"), "modes must be a non-empty tuple of ForwardMode members"),
+    (_spec("nomodes"), "modes must be a non-empty tuple of ForwardMode members"),
+    (_spec("badname"), "a BackendSpec's name is a word"),
+    (_spec("dupinput"), "is used twice"),
+    (_spec("floatdim"), "3.5 (float) is no extent"),
+    (_spec("nosymbol"), "'Zq' names 'Zq', which is no symbol"),
+    (_spec("negdim"), "negative extent"),
+    (_spec("badop"), "unknown op 'frobnicate'"),
+    (_spec("badewise"), "got 'pow'"),
+    (_spec("badcompare"), "approx"),
+    (_spec("badreduce"), "median"),
+    (_spec("hostread"), Report("check-split rejected 'mine.decode.bs8' with 1 violation(s)")),
+    (_spec("page0"), "page_size must be >= 1"),
+    (_spec("intfield"), "field cache_seqlens is bound to 3"),
+    (_spec("strfill"), "has fill 'zero' (str)"),
+    (_spec("slice31"), "negative extent"),
+    (_spec("clamp51"), "clamp bounds are empty"),
+    (_spec("strcast"), "dtype must be"),
+    (_spec("pyint"), "is not a value of spec"),
+    (_spec("rank2lens"), "rank"),
+    (_spec("strkind"), "kind must be one of"),
+    (_spec("strplace"), "has placement 'host' (str)"),
+    (_spec("nameclash"), "is used twice"),
+    (_spec("foreignv"), "is not a value of spec"),
+    (_spec("regionop"), OK),
+    (["compile", f"{_MINE}:SPEC", "--page-size", "0"], "page"),
+        (["compile", f"{_MINE}:SPEC", "--modes", "extend"], "does not support modes ['extend']"),
+    (["inspect"], "inspect"),
+    (["inspect", "/nonexistent/dumps"], "/nonexistent/dumps"),
+    (["inspect", "notpy.txt"], "notpy.txt"),
+    (["inspect", "--bs", "abc"], "--bs"),
+    (["inspect", "--bs", "0"], "argument --bs: must be at least 1, got 0"),
+    (["inspect", "--mode", "prefill"], "invalid choice: 'prefill'"),
+    (["inspect", "--pass", "fusee"], "invalid choice: 'fusee'"),
+    (["inspect", ".", "--keep", "-1"], "argument --keep: must be at least 1, got -1"),
+    (["inspect", "nodumps", "--html", "/nonexistent/dir/r.html"], "the directory /nonexistent/dir does not"),
+    (["inspect", "--max-bs", "8"], "--max-bs is an option of attnmeta"),
+    (["demo", "--backend", "nosuch"], "invalid choice: 'nosuch'"),
+    (["demo", "--steps", "0"], "argument --steps: must be at least 1, got 0"),
+    (["demo", "--steps", "-1"], "--steps"),
+    (["demo", "--steps", "abc"], "--steps"),
+    (["demo", "--max-bs", "0"], "argument --max-bs: must be at least 1, got 0"),
+    (["demo", "--max-bs", "8", "--capture-sizes", "4", "16"], "--capture-sizes [16] are outside 1..--max-bs=8"),
+    (["demo", "--device", "cuda"], "--device cuda: this machine has no CUDA device"),
+    (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["demo", "--kernels", "cuda"], "invalid choice: 'cuda'"),
+    (["demo", "--backend", "triton", "--num-steps", "2"], "'triton' is not a drafter"),
+    (["demo", "--out", "x"], "--out is an option of attnmeta compile"),
+    (["bench", "--sizes", "0"], "argument --sizes: must be at least 1, got 0"),
+    (["bench", "--sizes", "-1"], "argument --sizes: must be at least 1, got -1"),
+    (["bench", "--iters", "0"], "--iters"),
+    (["bench", "--mode", "extend"], "invalid choice: 'extend'"),
+    (["bench", "--device", "cuda"], "--device cuda: this machine has no CUDA device"),
+    (["bench", "--device", "cuda:x"], "argument --device: must be cpu, cuda or cuda:N, got 'cuda:x'"),
+    (["bench", "--e2e-layers", "2"], "--e2e-layers runs real attention kernels: it needs a CUDA device"),
+    (["bench", "--backend", "nosuch"], "invalid choice: 'nosuch'"),
+    (["bench", "--max-context-len", "0"], "argument --max-context-len: must be at least 1, got 0"),
+    (["bench", "--page-size", "0"], "argument --page-size: must be at least 1, got 0"),
+    (["bench", "--backend", "triton", "--planner", "stand-in"], "'triton' plans nothing on the host"),
+    # valid calls
+    (["--help"], OK),
+    (["compile", "--help"], OK),
+    (["inspect", "--help"], OK),
+    (["demo", "--help"], OK),
+    (["bench", "--help"], OK),
+    (["compile", f"{_MINE}:SPEC", *_SMALL], OK),
+    (["compile", f"{_MINE}:SPEC", *_SMALL, "--out", "mine.attnmeta"], OK),
+    (["compile", "triton", *_SMALL, "--dump-dir", "dumps2", "--report"], OK),
+    (["demo", "--steps", "3", "--max-bs", "8", "--capture-sizes", "4", "8", "--kernels", "torch"], OK),
+    (["bench", "--backend", "triton", "--sizes", "2", "--iters", "3"], OK),
+]
