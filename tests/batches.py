@@ -49,6 +49,23 @@ def capture(backend, fb):
     return g
 
 
+def capture_graph(be, fb, dev):
+    """What a CUDA graph runner does: out_graph at capture, an eager in_graph (Triton compiles before the capture),
+    then in_graph recorded into a new graph of ``dev``."""
+    import torch
+
+    from attnmeta.runtime import new_graph
+
+    be.init_forward_metadata_out_graph(fb, in_capture=True)
+    be.init_forward_metadata_in_graph(fb)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    g = new_graph(dev)
+    with g.capture():
+        be.init_forward_metadata_in_graph(fb)
+    return g
+
+
 def capture_on_cuda(be, bs: int, L: int, rows: int, mode, per: int, dev):
     """A plan of ``bs`` rows captured on a real CUDA graph as a runner captures it: a short batch (``per`` write
     slots per request, one accepted token each), out_graph at capture, one warm-up in_graph (Triton compiles

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnmeta.compiler import CompileOptions, ForwardMode, compile_backend
-from attnmeta.runtime import BatchError, ForwardBatch, ReplayView, new_graph
-from tests.batches import make_pool
+from attnmeta.runtime import BatchError, ForwardBatch, ReplayView
+from tests.batches import capture_graph, make_pool
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 D = ForwardMode.DECODE
@@ -32,12 +32,7 @@ def test_a_graph_replayed_over_another_sizes_staging_is_reported_by_the_next_ste
         make_pool(12, 64, 3).to(dev), device=dev)
     rows, seq = torch.tensor([4, 5, 6, 7], device=dev), torch.full((4,), 9, dtype=torch.int64, device=dev)
     cap = ReplayView(4, D, D, 4, req_pool_indices=rows, seq_lens=seq, seq_lens_cpu=seq.cpu())
-    be.init_forward_metadata_out_graph(cap, in_capture=True)
-    be.init_forward_metadata_in_graph(cap)
-    torch.cuda.synchronize()
-    g = new_graph(dev)
-    with g.capture():
-        be.init_forward_metadata_in_graph(cap)
+    g = capture_graph(be, cap, dev)
     small = ReplayView(2, D, D, 2, req_pool_indices=torch.tensor([1, 2], device=dev),
                        seq_lens=torch.tensor([3, 5], device=dev), seq_lens_cpu=torch.tensor([3, 5]))
     be.init_forward_metadata_out_graph(small)
