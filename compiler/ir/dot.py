@@ -14,8 +14,17 @@ from .types import Region
 REGION_COLOR = {Region.in_graph: "#c8f0c8", Region.out_graph: "#ffd9a0"}
 
 
+WRAP = 48  # characters per label line: a node with many attributes (the guard's ingest) grows down, not across
+
+
 def node_label(n) -> str:
-    attrs = ", ".join(f"{k}={fmt_attr(v)}" for k, v in n.attrs)
+    lines, line = [], ""
+    for part in (f"{k}={fmt_attr(v)}" for k, v in n.attrs):
+        if line and len(line) + len(part) + 2 > WRAP:
+            lines.append(line + ",")
+            line = ""
+        line = f"{line}, {part}" if line else part
+    attrs = "\\n".join([*lines, line]) if n.attrs else ""
     return f"%{n.name} = {n.op.value}" + (f"\\n{{{attrs}}}" if attrs else "") + f"\\n{n.type}"
 
 
