@@ -74,3 +74,75 @@ def test_every_documented_launch_is_a_served_case():
             i = flags.index("--speculative-draft-model-path")
             del flags[i : i + 2]
         assert any(set(flags) <= s for s in served), line
+
+
+def _recipe(sms: str | None = None) -> tuple[str, list[str]]:
+    """docs/SGLANG.md's ahead-of-serving script as written (``<model>`` made this test's model; ``sms``: its SM
+    count replaced), and the flags of the serve line that follows it (after ``--model-path <model>``)."""
+    import re
+    import shlex
+
+    text = open(os.path.join(ROOT, "docs", "SGLANG.md")).read()
+    section = text[text.index("### Compiling ahead of serving"):]
+    code = re.search(r"```python\n(# compile_ahead\.py.*?)```", section, re.S).group(1)
+    serve = re.search(r"```sh\n(ATTNMETA_ARTIFACT=.*?)\n```", section, re.S).group(1)
+    assert code.count('"<model>"') == 1 and code.count("\nSMS = ") == 1
+    from tests.integrations.sglang_server import model_dir
+
+    code = code.replace('"<model>"', repr(model_dir()))
+    if sms is not None:
+        code = re.sub(r"\nSMS = \d+", f"\nSMS = {sms}", code)
+    argv = shlex.split(serve)
+    assert argv[:4] == ["ATTNMETA_ARTIFACT=triton.attnmeta", "attnmeta-sglang", "--model-path", "<model>"], argv
+    return code, argv[4:]
+
+
+def _run_recipe(code: str, where) -> str:
+    import subprocess
+    import sys
+
+    (where / "compile_ahead.py").write_text(code)
+    r = subprocess.run([sys.executable, "compile_ahead.py"], cwd=where, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and (where / "triton.attnmeta").exists(), r.stderr[-3000:]
+    return r.stdout
+
+
+def test_the_ahead_of_serving_recipe_runs_as_written_and_the_server_holds_its_artifact_to_what_it_resolved(
+        tmp_path, monkeypatch):
+    """The recipe, run as written with ``python compile_ahead.py`` in the engines' venv (a machine without a GPU,
+    as the recipe says it may be): it writes the artifact, and a server started with the serve line's flags
+    (SGLang's own parsing and resolution; this CPU server's backends see 0 SMs) refuses it naming only the SM
+    count, both values. The recipe with the SM count this server has: the server takes the artifact (compiling
+    nothing) and its decode steps equal SGLang's own triton backend's."""
+    from attnmeta.compiler.ir.errors import OptionsError
+    from tests.integrations.sglang_server import Server, decode
+    from tests.integrations.test_sglang_serving import DECODE_FIELDS, lens, same, target
+
+    code, flags = _recipe()
+    out = _run_recipe(code, tmp_path)
+    assert "triton.attnmeta: max_bs 32," in out and "sm_count 132" in out, out
+    monkeypatch.setenv("ATTNMETA_ARTIFACT", str(tmp_path / "triton.attnmeta"))
+    with pytest.raises(OptionsError) as e:
+        Server(flags, rows=33)
+    assert str(e.value).count(": compiled ") == 1 and "sm_count: compiled 132, SGLang 0" in str(e.value), e.value
+
+    here = tmp_path / "cpu"
+    here.mkdir()
+    (here / "compile_ahead.py").write_text(_recipe(sms="0")[0])
+    monkeypatch.chdir(here)  # run here, in this process: SGLang is imported once
+    import runpy
+
+    runpy.run_path("compile_ahead.py", run_name="__main__")
+    monkeypatch.setenv("ATTNMETA_ARTIFACT", str(here / "triton.attnmeta"))
+    server = Server(flags, rows=33)
+    be, own = target(server), server.own("triton")
+    assert be.attnmeta.compiled.options.max_bs == 32 == max(server.sizes)
+    import random
+
+    rng = random.Random(3)
+    for n in (1, 7, 32):
+        with server.active():
+            fb = decode(server, rng.sample(range(1, 33), n), lens(rng, n, server.model_config.context_len))
+            be.init_forward_metadata(fb)
+            own.init_forward_metadata(fb)
+        same(be.forward_metadata, own.forward_metadata, DECODE_FIELDS, n, f"decode of {n}")
