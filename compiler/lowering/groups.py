@@ -28,7 +28,7 @@ def _launcher(g: Graph, group: list[str], outs: list[str]):
     tables = tuple(fk.args.index(t) for t in fk.tables)
     # the batch size is read off a per-row argument at launch, so sizes share one launcher
     row = fk.args.index(fk.row_arg)
-    key = (fk.source, tables, row)
+    key = (fk.source, tables, row, fk.flat)
     return fk, _LAUNCHERS.get(key, lambda: _make_launcher(fk, load(fk), tables, row))
 
 
@@ -64,26 +64,34 @@ def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
 
 
-def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple):
+FLAT_BLOCK = 1024  # rows per program of a flat (elementwise) kernel past that many rows
+
+
+def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple, flat: bool = False):
     """Launch fused kernel ``fn`` (compiled by Triton) on ``xs`` (its inputs, then the buffers it stores):
     one program per row of input ``row``, each 2-D or lookup table input passed with its (row stride,
-    width, rows), the batch size and the next power of two of the batch size. The one launcher: the runtime's and
-    the standalone script's (script.py)."""
+    width, rows), the batch size and the next power of two of the batch size. A ``flat`` kernel (elementwise)
+    takes BLOCK rows per program instead: the row count's next power of two, at most ``FLAT_BLOCK``. The one
+    launcher: the runtime's and the standalone script's (script.py)."""
     from .launch import launch
 
     ins, res = xs[:n_args], xs[n_args:]
     bs = ins[row].shape[0]
     strides = [v for k in tables for v in _table_dims(ins[k])]
     block = 1 << (bs - 1).bit_length()
-    launch(lambda: fn[(bs,)](*ins, *strides, *res, bs, BLOCK=block, **meta), *ins, *res)
+    grid = bs
+    if flat:
+        block = min(block, FLAT_BLOCK)
+        grid = -(-bs // block)
+    launch(lambda: fn[(grid,)](*ins, *strides, *res, bs, BLOCK=block, **meta), *ins, *res)
     return res
 
 
 def _make_launcher(fk, fn, tables, row):
-    meta, n_args = dict(fk.meta), len(fk.args)
+    meta, n_args, flat = dict(fk.meta), len(fk.args), fk.flat
 
     def run(*xs):
-        return launch_rows(fn, meta, n_args, tables, row, xs)
+        return launch_rows(fn, meta, n_args, tables, row, xs, flat)
 
     run.__name__ = fk.fn_name
     return run

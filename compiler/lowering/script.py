@@ -51,15 +51,15 @@ def _function(gm: fx.GraphModule, name: str) -> str:
 
 
 def _launcher(name: str, fk) -> str:
-    tables = [fk.args.index(t) for t in fk.tables]
+    tables, row = [fk.args.index(t) for t in fk.tables], fk.args.index(fk.row_arg)
     return f'''
 
 {fk.fn_name}_jit = triton.jit({fk.fn_name})
 
 
 def {name}(*xs):
-    """Launch {fk.fn_name}: one program per row of argument {fk.args.index(fk.row_arg)}."""
-    return launch_rows({fk.fn_name}_jit, {dict(fk.meta)!r}, {len(fk.args)}, {tables}, {fk.args.index(fk.row_arg)}, xs)
+    """Launch {fk.fn_name}: {"BLOCK rows" if fk.flat else "one row"} per program, of argument {row}."""
+    return launch_rows({fk.fn_name}_jit, {dict(fk.meta)!r}, {len(fk.args)}, {tables}, {row}, xs, {fk.flat})
 '''
 
 
