@@ -170,7 +170,8 @@ class _Emitter:
 # ops whose row form reads only its inputs at the same row: a group of them over 1-D values needs no program per
 # row (a window's KV indices shifted into their pool run over thousands of slots: as many programs on a GPU, and
 # as many Python calls in Triton's interpreter)
-FLAT_OPS = frozenset({Op.ewise, Op.ewise_const, Op.cast, Op.clamp, Op.log2_scale, Op.compare, Op.where, Op.copy})
+FLAT_OPS = frozenset({Op.ewise, Op.ewise_const, Op.cast, Op.clamp, Op.log2_scale, Op.compare, Op.where, Op.copy,
+                      Op.lookup})  # a lookup: into a 1-D table (a 2-D one gives a 2-D value, not flat)
 
 
 def is_flat(g: Graph, group: list[str]) -> bool:

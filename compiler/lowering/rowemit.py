@@ -60,7 +60,7 @@ def _emit_lookup(e, n: Node, f: str) -> str:  # an index outside the table reads
     p, _, n_tab = e.table(n.inputs[0])
     idx, w = e.val(n.inputs[1], f), e.width(n.name)
     safe = e.emit(f"ix_{e.nm(n.name)}", f"tl.where(({idx} >= 0) & ({idx} < {n_tab}), {idx}, 0)")
-    mask = ", mask=m, other=0" if f != "s" else "" if w is None else f", mask={e.columns(w)[1]}, other=0"
+    mask = ", mask=m, other=0" if f != "s" or e.flat else "" if w is None else f", mask={e.columns(w)[1]}, other=0"
     return e.emit(e.name(n, f), f"tl.load({p} + {safe}{mask})")
 
 
