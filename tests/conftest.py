@@ -29,6 +29,11 @@ def _sanitize_overflow(on: bool) -> None:
 _sanitize_overflow(SANITIZE)
 
 
+from tests.interpreter import lighter_interpreter  # noqa: E402
+
+lighter_interpreter()
+
+
 @pytest.fixture(autouse=True)
 def _overflow_checked(request):
     if SANITIZE or request.node.get_closest_marker("overflow_checked") is None:

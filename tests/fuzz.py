@@ -301,6 +301,9 @@ def run(profile: str) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("ATTNMETA_VERIFY", "1")
+    from tests.interpreter import lighter_interpreter
+
+    lighter_interpreter()
     try:
         print("cases", run(sys.argv[1] if len(sys.argv) > 1 else "fast"), "batches accepted", COUNT["accepted"],
               flush=True)
