@@ -43,8 +43,8 @@ $(ORACLES): | $(SGL_VENV)/bin/python
 	-$(SGL_PY) -m pip download -qq --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
 # The CPU suites run as four processes side by side (tools/test_suites.sh), so a two-core CI machine stays busy
-# to the end: attnmeta's runtime tests and the rest of its own in .venv, the engine integrations' in .venv-sglang,
-# split in two halves by file; each side process's output is printed when it ends, with its wall time.
+# to the end: attnmeta's own tests in .venv as three shards of about equal time (tests/durations.json), the engine
+# integrations' in .venv-sglang as one; each prints its wall time when all have ended, then the total.
 test: disk-check
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ORACLES) $(SGL_STAMP)  # the two venvs side by side
 	@echo "== ruff"

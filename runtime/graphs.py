@@ -71,8 +71,9 @@ class _Recorder(TorchDispatchMode):
         name = func._schema.name
         if name in _SYNC_ATEN:
             raise _sync_error(name)
+        # a bool index is a mask (its count is a host sync); a bool table read at integer rows is a gather
         if name == "aten::index" and any(isinstance(t, torch.Tensor) and t.dtype == torch.bool
-                                         for t in tree_flatten(args)[0]):
+                                         for t in tree_flatten(args[1:])[0]):
             raise _sync_error("boolean-mask indexing")
         out = func(*args, **kwargs)
         if name in _ALLOC_ATEN or not func._schema.is_mutable and not func.is_view:

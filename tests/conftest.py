@@ -6,31 +6,11 @@ os.environ["ATTNMETA_VERIFY"] = "1"  # verify after every pass, in every test
 if not torch.cuda.is_available():  # the test process checks the Triton kernels themselves, in the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import dataclasses  # noqa: E402
-
 import pytest  # noqa: E402
 
-# Triton's interpreter redoes every int32 add, sub and mul in int64 and asserts it did not overflow (a debug
-# check a GPU build runs without): about half of its time on the fused kernels. The suite runs without it,
-# except the tests marked ``overflow_checked`` (the kernels' own tests); ATTNMETA_TRITON_SANITIZE=1 (the slow
-# tier) keeps it on everywhere.
-SANITIZE = os.environ.get("ATTNMETA_TRITON_SANITIZE") == "1"
+from tests.interpreter import SANITIZE, lighter_interpreter, sanitize_overflow  # noqa: E402
 
-
-def _sanitize_overflow(on: bool) -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    from triton.runtime import interpreter
-
-    b = interpreter.interpreter_builder
-    b.options = dataclasses.replace(b.options, sanitize_overflow=on)
-
-
-_sanitize_overflow(SANITIZE)
-
-
-from tests.interpreter import lighter_interpreter  # noqa: E402
-
+sanitize_overflow(SANITIZE)
 lighter_interpreter()
 
 
@@ -39,11 +19,11 @@ def _overflow_checked(request):
     if SANITIZE or request.node.get_closest_marker("overflow_checked") is None:
         yield
         return
-    _sanitize_overflow(True)
+    sanitize_overflow(True)
     try:
         yield
     finally:
-        _sanitize_overflow(False)
+        sanitize_overflow(False)
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,25 @@
-"""Triton's interpreter, lighter: for the test processes (tests/conftest.py) and the fuzzer's (tests/fuzz.py)."""
+"""Triton's interpreter as the suite runs it: for the test processes (tests/conftest.py) and the fuzzer's
+(tests/fuzz.py)."""
 
+import dataclasses
 import inspect
 import os
 
 import triton.language as tl
 from triton.runtime import interpreter
+
+# Triton's interpreter redoes every int32 add, sub and mul in int64 and asserts it did not overflow (a debug
+# check a GPU build runs without): about half of its time on the fused kernels. The suite runs without it,
+# except the tests marked ``overflow_checked`` (the kernels' own tests); ATTNMETA_TRITON_SANITIZE=1 (the slow
+# tier) keeps it on everywhere.
+SANITIZE = os.environ.get("ATTNMETA_TRITON_SANITIZE") == "1"
+
+
+def sanitize_overflow(on: bool) -> None:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    b = interpreter.interpreter_builder
+    b.options = dataclasses.replace(b.options, sanitize_overflow=on)
 
 
 def lighter_interpreter() -> None:

@@ -189,6 +189,7 @@ def test_a_replayed_step_dispatches_no_aten_op(case):
                 assert f == "custom_mask" or torch.equal(a, b), (name, key, step, f)
 
 
+@pytest.mark.triton_kernels  # it counts the fused kernels' launches
 def test_a_bound_graph_is_the_compiled_kernels_and_the_planners_device_work(case):
     """What a replay launches, counted in the emulated graph SGLang's runners captured: the compiled plan's
     own launches (the compiler's count: fused kernels and unfused ops) and the planners' device work. The

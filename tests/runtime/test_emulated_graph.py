@@ -59,6 +59,19 @@ def test_capture_raises_on_host_sync(sync):
             sync(t)
 
 
+def test_a_bool_table_read_at_integer_rows_is_a_gather_not_a_mask():
+    """``table[rows]`` with a bool ``table`` and integer rows has a fixed size (no sync), unlike ``t[mask]``."""
+    table, rows = torch.tensor([True, False, True]), torch.tensor([2, 1, 0, 1])
+    out = torch.zeros(4, dtype=torch.bool)
+    g = EmulatedGraph()
+    with g.capture():
+        out.copy_(table[rows])
+    assert out.tolist() == [True, False, True, False]
+    rows.copy_(torch.tensor([0, 0, 1, 2]))
+    g.replay()
+    assert out.tolist() == [True, True, False, True]
+
+
 def test_triton_launch_is_recorded_and_replayed():
     table = torch.arange(20, dtype=torch.int32).view(4, 5)
     rows = torch.tensor([2, 1])
