@@ -5,7 +5,7 @@ tests/durations.json (a file not listed there counts DEFAULT).
     python tools/shards.py N K FILE...        the files of shard K of N, one per line
     python tools/shards.py update LOG...      rewrite tests/durations.json from pytest --durations=0 logs
                                               (make test's .cache/test-*.log): each file's seconds, halved
-                                              because its four processes share two cores
+                                              because its processes share two cores
 """
 
 from __future__ import annotations

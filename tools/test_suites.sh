@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# make test's CPU suites, four processes side by side so both cores of a CI machine stay busy to the end:
-# attnmeta's own tests in .venv as three shards of about equal time (tools/shards.py, by tests/durations.json),
-# the engine integrations' in .venv-sglang as one (a module's servers are built once, in one process). Each
-# suite's log is printed whole when it failed, else its last lines, with its wall time; then the total.
+# make test's CPU suites, five processes side by side so both cores of a CI machine stay busy to the end:
+# attnmeta's own tests in .venv as three shards of about equal time, the engine integrations' in .venv-sglang as
+# two (tools/shards.py, by tests/durations.json; by file, so a module's servers are built once, in one process).
+# Each suite's log is printed whole when it failed, else its last lines, with its wall time; then the total.
 #   tools/test_suites.sh <.venv python> <.venv-sglang python>
 set -u
 PY=$1 SGL_PY=$2
@@ -22,8 +22,12 @@ for k in 0 1 2; do
   side "attnmeta-$k" "$PY" -m pytest -q -p no:cacheprovider --durations=0 "${part[@]}"
   names+=("attnmeta-$k")
 done
-side integrations env ATTNMETA_SGLANG_VENV=1 "$SGL_PY" -m pytest -q -p no:cacheprovider --durations=0 "${engines[@]}"
-names+=(integrations)
+for k in 0 1; do
+  mapfile -t part < <("$PY" tools/shards.py 2 $k "${engines[@]}")
+  side "integrations-$k" env ATTNMETA_SGLANG_VENV=1 "$SGL_PY" -m pytest -q -p no:cacheprovider --durations=0 \
+    "${part[@]}"
+  names+=("integrations-$k")
+done
 wait
 failed=0
 for name in "${names[@]}"; do
