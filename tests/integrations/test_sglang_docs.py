@@ -146,3 +146,31 @@ def test_the_ahead_of_serving_recipe_runs_as_written_and_the_server_holds_its_ar
             be.init_forward_metadata(fb)
             own.init_forward_metadata(fb)
         same(be.forward_metadata, own.forward_metadata, DECODE_FIELDS, n, f"decode of {n}")
+
+
+def test_the_install_sentence_names_the_versions_sglang_pins():
+    """docs/SGLANG.md's install line installs SGLang's released wheel (the ``sglang`` extra) and what it pins;
+    the versions the sentence names are the ones that wheel's metadata requires (read from the wheel make test
+    downloads, the one installed here), and the extra names that wheel's version."""
+    import re
+    import zipfile
+
+    from tests.sglang_oracle import REQUIRED, VERSION, wheel
+
+    path = wheel()
+    assert path or not REQUIRED, "ATTNMETA_REQUIRE_SGLANG=1 but SGLang's wheel is not downloaded (make oracles)"
+    if path is None:
+        pytest.skip("SGLang's wheel is not downloaded (make oracles)")
+    with zipfile.ZipFile(path) as z:
+        meta = z.read(f"sglang-{VERSION}.dist-info/METADATA").decode()
+    pins = dict(re.findall(r"^Requires-Dist: ([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^;\s]+)", meta, re.M))
+    text = open(os.path.join(ROOT, "docs", "SGLANG.md")).read()
+    sentence = re.search(r"Install from a clone of attnmeta.*?what it pins \(.*?\)", text, re.S).group(0)
+    sentence = sentence.replace("\n", " ")
+    assert "pip install -e '.[sglang]'" in sentence and f"SGLang {VERSION}" in sentence, sentence
+    named = dict(re.findall(r"([a-z_-]+) (\d+\.\d+\.\d+)", sentence.split("what it pins", 1)[1]))
+    assert set(named) == {"torch", "sglang-kernel", "flashinfer_python", "sgl-flash-mla"}, named
+    for package, version in named.items():
+        assert pins.get(package) == version, (package, version, pins.get(package))
+    project = open(os.path.join(ROOT, "pyproject.toml")).read()
+    assert f'sglang = ["sglang=={VERSION}"]' in project
