@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	@echo "== setting up $(VENV): torch (CPU build), triton, attnmeta and its test tools"
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
-	$(PY) -m pip install -qq --no-compile "$(TORCH)" "$(TRITON)"
+	$(PY) -m pip install -qq "$(TORCH)" "$(TRITON)"
 	$(PY) -m pip install -qq -e ".[dev]"
 	touch $@
 
@@ -44,8 +44,7 @@ $(ORACLES): | $(SGL_VENV)/bin/python
 
 # The CPU suites run as five processes side by side (tools/test_suites.sh), so a two-core CI machine stays busy
 # to the end: attnmeta's own tests in .venv as three shards of about equal time (tests/durations.json), the engine
-# integrations' in .venv-sglang as two; each prints its wall time when all have ended, then the total. torch is
-# installed without compiling its .py files (--no-compile: a few seconds each; Python compiles what it imports).
+# integrations' in .venv-sglang as two; each prints its wall time when all have ended, then the total.
 test: disk-check
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ORACLES) $(SGL_STAMP)  # the two venvs side by side
 	@echo "== ruff"
@@ -71,7 +70,7 @@ $(SGL_VENV)/bin/python:
 	$(SGL_PY) -m pip install -qq --upgrade pip
 
 $(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORACLES)
-	$(SGL_PY) -m pip install -qq --no-compile $(SGL_TORCH)
+	$(SGL_PY) -m pip install -qq $(SGL_TORCH)
 	$(SGL_PY) -m pip install -qq --no-deps .cache/sglang/sglang-*.whl -r tests/integrations/requirements-sglang.txt
 	$(SGL_PY) -m pip install -qq --no-deps "$(VLLM)"
 	@# SGLang's and vLLM's GPU requirements are left out on purpose (installed --no-deps): pip's list of them is noise
