@@ -42,15 +42,14 @@ oracles: $(ORACLES)
 $(ORACLES): | $(SGL_VENV)/bin/python
 	-$(SGL_PY) -m pip download -qq --no-deps "$(SGLANG)" -d .cache/sglang && touch $@
 
-# The CPU suites run as six processes side by side (tools/test_suites.sh), so a two-core CI machine stays busy
-# to the end: attnmeta's own tests in .venv as four shards of about equal time (tests/durations.json), the engine
-# integrations' in .venv-sglang as two (their share of the work); each prints its wall time when all have ended,
-# then the total.
+# The CPU suites run as five processes side by side (tools/test_suites.sh), so a two-core CI machine stays busy
+# to the end: attnmeta's own tests in .venv as three shards of about equal time (tests/durations.json), the engine
+# integrations' in .venv-sglang as two; each prints its wall time when all have ended, then the total.
 test: disk-check
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(ORACLES) $(SGL_STAMP)  # the two venvs side by side
 	@echo "== ruff"
 	$(PY) -m ruff check .
-	@echo "== the CPU suites: attnmeta's (.venv, four shards) and the engine integrations' (.venv-sglang, two)"
+	@echo "== the CPU suites: attnmeta's (.venv, three shards) and the engine integrations' (.venv-sglang, two)"
 	@bash tools/test_suites.sh $(PY) $(SGL_PY)
 
 sglang-venv: disk-check $(SGL_STAMP)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make test's CPU suites, six processes side by side so both cores of a CI machine stay busy to the end:
-# attnmeta's own tests in .venv as four shards of about equal time, the engine integrations' in .venv-sglang as
+# make test's CPU suites, five processes side by side so both cores of a CI machine stay busy to the end:
+# attnmeta's own tests in .venv as three shards of about equal time, the engine integrations' in .venv-sglang as
 # two (tools/shards.py, by tests/durations.json; by file, so a module's servers are built once, in one process).
 # Each suite's log is printed whole when it failed, else its last lines, with its wall time; then the total.
 #   tools/test_suites.sh <.venv python> <.venv-sglang python>
@@ -17,8 +17,8 @@ side() {  # side <name> <command...>: in the background, its log and exit status
 rm -f .cache/test-*.rc .cache/test-*.log
 start=$SECONDS
 names=()
-for k in 0 1 2 3; do
-  mapfile -t part < <("$PY" tools/shards.py 4 $k "${own[@]}")
+for k in 0 1 2; do
+  mapfile -t part < <("$PY" tools/shards.py 3 $k "${own[@]}")
   side "attnmeta-$k" "$PY" -m pytest -q -p no:cacheprovider --durations=0 "${part[@]}"
   names+=("attnmeta-$k")
 done
