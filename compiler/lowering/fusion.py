@@ -69,7 +69,7 @@ class _Emitter:
         self.alias: dict[str, str] = {}
         self.notes: dict[str, str] = {}
         self.row_args: list[str] = []
-        self.flat = False  # rows are lanes: i is a vector of BLOCK row indices, masked by m
+        self.flat = False  # rows are lanes: i is BLOCK row indices (a column of them if a row is a vector), masked
 
     def nm(self, x: str) -> str:
         """Positional name for value ``x`` in the source: equal programs get equal text."""
@@ -143,7 +143,8 @@ class _Emitter:
                 self.row_args.append(x)
             if (w := self.width(x)) is not None:  # a per-row vector: this program's row of it
                 c, cm = self.columns(w)
-                return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + i * {w} + {c}, mask={cm}, other=0)")
+                mask = f"m & {cm}" if self.flat else cm  # flat: rows past the count are masked too
+                return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + i * {w} + {c}, mask={mask}, other=0)")
             at = "i, mask=m, other=0" if self.flat else "i" if f == "s" else "offs, mask=m, other=0"
             return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
         n = self.nodes[x]
@@ -160,28 +161,44 @@ class _Emitter:
             return
         if (w := self.width(x)) is not None:
             c, cm = self.columns(w)
-            self.lines.append(f"    tl.store({p} + i * {w} + {c}, {self.scalar(x)}, mask={cm})")
+            mask = f"m & {cm}" if self.flat else cm
+            self.lines.append(f"    tl.store({p} + i * {w} + {c}, {self.scalar(x)}, mask={mask})")
         elif n.type.shape == ():  # a batch-wide scalar: every program has it, one stores it
             self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
         else:
             self.lines.append(f"    tl.store({p} + i, {self.scalar(x)}{', mask=m' if self.flat else ''})")
 
 
-# ops whose row form reads only its inputs at the same row: a group of them over 1-D values needs no program per
-# row (a window's KV indices shifted into their pool run over thousands of slots: as many programs on a GPU, and
-# as many Python calls in Triton's interpreter)
+# ops whose row form reads only its inputs at the same row: a group of them needs no program per row (a window's KV
+# indices shifted into their pool run over thousands of slots, DSV4's compressed positions over every token: as many
+# programs on a GPU, and as many Python calls in Triton's interpreter). ``outer`` pairs a row's value with a column
+# argument that every program reads whole, so a row may be a vector of a few columns
 FLAT_OPS = frozenset({Op.ewise, Op.ewise_const, Op.cast, Op.clamp, Op.log2_scale, Op.compare, Op.where, Op.copy,
-                      Op.lookup})  # a lookup: into a 1-D table (a 2-D one gives a 2-D value, not flat)
+                      Op.lookup, Op.outer})
 
 
 def is_flat(g: Graph, group: list[str]) -> bool:
-    """Whether ``group`` is elementwise over one 1-D extent: every op in ``FLAT_OPS``, every value and every
-    argument it reads 1-D (or a device scalar, the same for every row)."""
+    """Whether ``group`` is elementwise over one row extent: every op in ``FLAT_OPS``, every value a row's scalar
+    (1-D) or a row's vector of static width (2-D), a lookup's value a row's scalar (its table 1-D), and every
+    argument it reads 1-D or 2-D (or a device scalar, the same for every row)."""
     types, nodes = g.types(), g.producers()
     inside = set(group)
     reads = {x for v in group for x in nodes[v].inputs if x not in inside}
-    return all(nodes[v].op in FLAT_OPS and len(types[v].shape) == 1 for v in group) and \
-        all(len(types[x].shape) <= 1 for x in reads) and any(len(types[x].shape) == 1 for x in reads)
+
+    def row_value(v: str) -> bool:
+        shape = types[v].shape
+        return len(shape) == 1 or len(shape) == 2 and nodes[v].op is not Op.lookup and _static(shape[1])
+
+    return all(nodes[v].op in FLAT_OPS and row_value(v) for v in group) and \
+        all(len(types[x].shape) <= 2 for x in reads) and any(len(types[x].shape) >= 1 for x in reads)
+
+
+def _static(d) -> bool:
+    try:
+        int(d)
+    except TypeError:
+        return False
+    return True
 
 
 def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
@@ -197,7 +214,8 @@ def generate(g: Graph, group: list[str], outs: list[str]) -> FusedKernel:
            + [f"o_{e.nm(x)}" for x in outs])
     meta = sorted(e.meta.items())
     consts = ", ".join(["BLOCK: tl.constexpr", *(f"{k}: tl.constexpr" for k, _ in meta)])
-    prologue = ("    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n    m = i < n_rows\n" if e.flat else
+    prologue = (f"    i = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)){'[:, None]' if e.meta else ''}\n"
+                "    m = i < n_rows\n" if e.flat else
                 "    i = tl.program_id(0)\n    offs = tl.arange(0, BLOCK)\n    m = offs < n_rows\n")
     text = f"def KERNEL({', '.join(sig)}, n_rows, {consts}):\n{prologue}{body}\n"
     what = "BLOCK rows per program, elementwise" if e.flat else "one program per request row"

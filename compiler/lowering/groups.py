@@ -64,15 +64,15 @@ def _table_dims(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0), t.shape[1], t.shape[0]) if t.dim() == 2 else (t.shape[0], t.shape[0], 1)
 
 
-FLAT_BLOCK = 1024  # rows per program of a flat (elementwise) kernel past that many rows
+FLAT_BLOCK = 1024  # elements per program of a flat (elementwise) kernel past that many: rows times a row's width
 
 
 def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tuple, flat: bool = False):
     """Launch fused kernel ``fn`` (compiled by Triton) on ``xs`` (its inputs, then the buffers it stores):
     one program per row of input ``row``, each 2-D or lookup table input passed with its (row stride,
     width, rows), the batch size and the next power of two of the batch size. A ``flat`` kernel (elementwise)
-    takes BLOCK rows per program instead: the row count's next power of two, at most ``FLAT_BLOCK``. The one
-    launcher: the runtime's and the standalone script's (script.py)."""
+    takes BLOCK rows per program instead: the row count's next power of two, at most ``FLAT_BLOCK`` elements (a
+    row as wide as its widest column block). The one launcher: the runtime's and the standalone script's (script.py)."""
     from .launch import launch
 
     ins, res = xs[:n_args], xs[n_args:]
@@ -81,7 +81,8 @@ def launch_rows(fn, meta: dict, n_args: int, tables: list[int], row: int, xs: tu
     block = 1 << (bs - 1).bit_length()
     grid = bs
     if flat:
-        block = min(block, FLAT_BLOCK)
+        widest = max((v for k, v in meta.items() if k.startswith("C")), default=1)
+        block = min(block, max(1, FLAT_BLOCK // widest))
         grid = -(-bs // block)
     launch(lambda: fn[(grid,)](*ins, *strides, *res, bs, BLOCK=block, **meta), *ins, *res)
     return res

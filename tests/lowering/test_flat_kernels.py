@@ -1,6 +1,8 @@
 """Elementwise groups over a flat extent (a window's KV slots: thousands of rows) are written with BLOCK rows per
 program, masked past the row count; checked in Triton's interpreter against torch on row counts around the block
-(one program, an exact number of programs, a tail), and a group with a per-row reduction stays one program per row."""
+(one program, an exact number of programs, a tail), with rows that are scalars and rows that are short vectors
+(DSV4's compressed positions: a row's value against a column every program reads), and a group with a per-row
+reduction stays one program per row."""
 
 import pytest
 import torch
@@ -54,3 +56,46 @@ def test_a_group_with_a_reduction_is_one_program_per_row():
     g = _graph(40)
     fk = generate(g, ["s", "total"], ["s", "total"])
     assert not fk.flat and "i = tl.program_id(0)\n" in fk.source
+
+
+def _vector_graph(n: int, w: int):
+    """Rows of width ``w``: a [n, w] flag per row, a row's scalar added to a [w] column (``outer``), a 1-D lookup."""
+    b = SpecBuilder("flat2")
+    x, flag = b.pool("x", I32, [n]), b.pool("flag", DType.bool, [n, w])
+    col, t = b.pool("col", I32, [w]), b.pool("t", I32, [37])
+    with b.in_graph():
+        tx = b.lookup(t, x, name="tx")
+        near = b.outer("add", tx, col, name="near")
+        far = b.outer("sub", b.ewise("mul", x, 2, name="x2"), col, name="far")
+        out = b.where(flag, near, far, name="out")
+    b.outputs(out=out)
+    return b.build()
+
+
+# row counts around the block at widths 2, 3, 5; a row of 300 (512 column lanes) takes two rows per program
+SHAPES = [(n, w) for w in (2, 3, 5) for n in (1, 7, groups.FLAT_BLOCK // 2 + 3, 2 * groups.FLAT_BLOCK + 5)]
+
+
+@pytest.mark.parametrize(("n", "w"), [*SHAPES, (1, 300), (7, 300)])
+def test_rows_of_a_few_columns_are_flat_too_and_write_no_row_past_the_end(n, w):
+    from attnmeta.compiler.lowering.triton_kernels import INTERPRET
+
+    if not INTERPRET:
+        pytest.skip("Triton's interpreter is off in this process")
+    g = _vector_graph(n, w)
+    group = ["tx", "near", "x2", "far", "out"]
+    assert is_flat(g, group)
+    fk, run = groups.fused_target(g, group, ["out"])
+    assert fk.flat and "[:, None]" in fk.source
+    gen = torch.Generator().manual_seed(n * w)
+    x = torch.randint(-5, 45, (n,), generator=gen, dtype=torch.int32)
+    flag = torch.rand(n, w, generator=gen) < 0.5
+    col = torch.randint(-9, 9, (w,), generator=gen, dtype=torch.int32)
+    t = torch.arange(100, 137, dtype=torch.int32)
+    out = torch.full(((n + 3) * w,), -12345, dtype=torch.int32)  # rows past n: another value's, untouched
+    args = {"x": x, "flag": flag, "col": col, "t": t}
+    run(*[args[a] for a in fk.args], out[: n * w].view(n, w))
+    tx = torch.where((x >= 0) & (x < 37), t[x.clamp(0, 36).long()], t[0])
+    want = torch.where(flag, tx[:, None] + col[None, :], (x * 2)[:, None] - col[None, :])
+    assert torch.equal(out[: n * w].view(n, w), want)
+    assert (out[n * w:] == -12345).all()
