@@ -48,12 +48,12 @@ class Engine:
 
 
 def build(name: str, max_bs: int = 8, sizes=(1, 3, 4), L: int = 96, D: int = 3, S: int = 2, K: int = 1,
-          P: int = 1, rows: int = 14, device="cpu", seed: int = 0) -> Engine:
+          P: int = 1, rows: int = 14, device="cpu", seed: int = 0, SM: int = 132) -> Engine:
     spec = get_spec(name)
     if name.startswith("dsv4"):
         L = max(L, 520)  # pages of 256 tokens: several of them
     opts = CompileOptions(max_bs=max_bs, capture_sizes=sizes, max_context_len=L, num_draft_tokens=D, num_steps=S,
-                          topk=K, page_size=P, modes=[m.name.lower() for m in spec.modes] + ["idle"])
+                          topk=K, page_size=P, sm_count=SM, modes=[m.name.lower() for m in spec.modes] + ["idle"])
     cb = compile_backend(name, opts)
     pool = make_pool(rows, L, seed=seed, device=device)
     pools = {"full_to_swa": swa_table(rows * L + 1, device)} if "dsv4" in name else {}
