@@ -280,25 +280,33 @@ def pack_mask(mask: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tens
 @triton.jit
 def _pack_mask(mask, qo, kv, out, out_indptr, n_req, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr):
     me, chunk = tl.program_id(0), tl.program_id(1)
-    r = tl.arange(0, BLOCK_R)
-    rm = r < n_req
-    q0 = tl.load(qo + r, mask=rm, other=0).to(tl.int64)
-    q1 = tl.load(qo + r + 1, mask=rm, other=0).to(tl.int64)
-    k0 = tl.load(kv + r, mask=rm, other=0).to(tl.int64)
-    k1 = tl.load(kv + r + 1, mask=rm, other=0).to(tl.int64)
-    seg = (q1 - q0) * (k1 - k0)  # mask entries of request r (0 past the batch)
-    nbytes = (seg + 7) // 8
-    seg_end, byte_end = tl.cumsum(seg, 0), tl.cumsum(nbytes, 0)
-    if me == 0 and chunk == 0:
-        tl.store(out_indptr + r + 1, byte_end.to(tl.int32), mask=rm)
-        tl.store(out_indptr + r, (byte_end - nbytes).to(tl.int32), mask=r == 0)
-    mine = (r == me) & rm  # this program's request: its first entry, entries, first byte, bytes
-    first = tl.sum(tl.where(mine, seg_end - seg, 0), 0)
-    entries = tl.sum(tl.where(mine, seg, 0), 0)
-    at = tl.sum(tl.where(mine, byte_end - nbytes, 0), 0)
-    count = tl.sum(tl.where(mine, nbytes, 0), 0)
-    p = chunk * BLOCK + tl.arange(0, BLOCK)
-    bit = tl.arange(0, 8)
-    src = (p * 8)[:, None] + bit[None, :]
-    bits = tl.load(mask + first + src, mask=(p < count)[:, None] & (src < entries), other=0).to(tl.int32)
-    tl.store(out + at + p, tl.sum(bits << bit[None, :], 1).to(tl.uint8), mask=p < count)
+    # a chunk past its request's bytes has nothing to do (a step's requests are mostly shorter than the longest
+    # the grid is sized for): it leaves before the batch-wide sums, unless it is the one that writes the offsets
+    live = me < n_req
+    qa = tl.load(qo + me, mask=live, other=0).to(tl.int64)
+    qb = tl.load(qo + me + 1, mask=live, other=0).to(tl.int64)
+    ka = tl.load(kv + me, mask=live, other=0).to(tl.int64)
+    kb = tl.load(kv + me + 1, mask=live, other=0).to(tl.int64)
+    if (chunk * BLOCK < ((qb - qa) * (kb - ka) + 7) // 8) | ((me == 0) & (chunk == 0)):
+        r = tl.arange(0, BLOCK_R)
+        rm = r < n_req
+        q0 = tl.load(qo + r, mask=rm, other=0).to(tl.int64)
+        q1 = tl.load(qo + r + 1, mask=rm, other=0).to(tl.int64)
+        k0 = tl.load(kv + r, mask=rm, other=0).to(tl.int64)
+        k1 = tl.load(kv + r + 1, mask=rm, other=0).to(tl.int64)
+        seg = (q1 - q0) * (k1 - k0)  # mask entries of request r (0 past the batch)
+        nbytes = (seg + 7) // 8
+        seg_end, byte_end = tl.cumsum(seg, 0), tl.cumsum(nbytes, 0)
+        if me == 0 and chunk == 0:
+            tl.store(out_indptr + r + 1, byte_end.to(tl.int32), mask=rm)
+            tl.store(out_indptr + r, (byte_end - nbytes).to(tl.int32), mask=r == 0)
+        mine = (r == me) & rm  # this program's request: its first entry, entries, first byte, bytes
+        first = tl.sum(tl.where(mine, seg_end - seg, 0), 0)
+        entries = tl.sum(tl.where(mine, seg, 0), 0)
+        at = tl.sum(tl.where(mine, byte_end - nbytes, 0), 0)
+        count = tl.sum(tl.where(mine, nbytes, 0), 0)
+        p = chunk * BLOCK + tl.arange(0, BLOCK)
+        bit = tl.arange(0, 8)
+        src = (p * 8)[:, None] + bit[None, :]
+        bits = tl.load(mask + first + src, mask=(p < count)[:, None] & (src < entries), other=0).to(tl.int32)
+        tl.store(out + at + p, tl.sum(bits << bit[None, :], 1).to(tl.uint8), mask=p < count)

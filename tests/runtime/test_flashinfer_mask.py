@@ -11,12 +11,17 @@ from attnmeta.backends.flashinfer.planner import pack_mask
 
 def test_pack_mask_equals_numpy_packbits_per_request():
     rng = np.random.default_rng(0)
-    for _ in range(20):
+    # short requests (one chunk of 256 bytes each), then long ones: many chunks, of which the shorter requests of a
+    # step leave most empty (each such program leaves early), and a first request with no mask entries
+    for case in range(26):
         bs, D = int(rng.integers(1, 9)), int(rng.integers(1, 6))
-        seq = rng.integers(1, 70, bs)
-        qo = np.concatenate([[0], np.cumsum(np.full(bs, D))]).astype(np.int32)
+        seq = rng.integers(1, 70 if case < 20 else 4000, bs)
+        q = np.full(bs, D)
+        if case == 25:
+            q[0] = 0
+        qo = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
         kv = np.concatenate([[0], np.cumsum(seq + D)]).astype(np.int32)
-        sizes = D * (seq + D)
+        sizes = q * (seq + D)
         mask = rng.random(int(sizes.sum()) + 13) < 0.5  # a buffer longer than the batch's mask
         cap = len(mask) // 8 + bs + 1 + int(rng.integers(0, 9))  # the buffer: room to spare
         out, indptr = torch.full((cap,), 255, dtype=torch.uint8), torch.zeros(bs + 1, dtype=torch.int32)
