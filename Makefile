@@ -88,8 +88,20 @@ $(SGL_STAMP): pyproject.toml tests/integrations/requirements-sglang.txt | $(ORAC
 test-sglang: $(SGL_STAMP)
 	ATTNMETA_SGLANG_VENV=1 $(SGL_PY) -m pytest -q tests/integrations
 
+# The slow tier, Triton's interpreter checking int32 overflow throughout, as two processes (a two-core machine: about
+# 50 min; as one process it was more than two hours): the 2000-step runs per backend and the long fuzz; the variants'
+# 2000-step runs and the documented commands. Logs under .cache/slow-*.log.
+SLOW := ATTNMETA_TRITON_SANITIZE=1 $(PY) -m pytest -q -p no:cacheprovider -m slow --durations=10
 test-slow: $(STAMP) $(ORACLES)
-	ATTNMETA_TRITON_SANITIZE=1 $(PY) -m pytest -q -m slow  # Triton's interpreter checks int32 overflow throughout
+	@mkdir -p .cache
+	@echo "== the slow tier: two processes (.cache/slow-backends.log, .cache/slow-variants.log)"
+	@( $(SLOW) -k "not variants" tests/runtime/test_engine_modes.py tests/test_fuzz.py > .cache/slow-backends.log 2>&1; \
+	   echo $$? > .cache/slow-backends.rc ) & \
+	 $(SLOW) -k "variants or documented" tests/runtime/test_engine_modes.py tests/test_readme_commands.py \
+	   > .cache/slow-variants.log 2>&1; echo $$? > .cache/slow-variants.rc; wait; \
+	 failed=0; for s in backends variants; do echo "== $$s"; \
+	   if [ "$$(cat .cache/slow-$$s.rc)" != 0 ]; then cat .cache/slow-$$s.log; failed=1; else tail -n 1 .cache/slow-$$s.log; fi; \
+	 done; exit $$failed
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
