@@ -107,6 +107,10 @@ class _Emitter:
             self.memo[("cols", m)] = (self.emit(f"c{m}", f"tl.arange(0, C{m})"), self.emit(f"cm{m}", f"c{m} < {m}"))
         return self.memo[("cols", m)]
 
+    def vector_mask(self, cm: str) -> str:
+        """A row vector's mask: its columns, and in a flat kernel its rows too (rows past the count)."""
+        return f"m & {cm}" if self.flat else cm
+
     def column(self, x: str, m: int) -> str:
         """A whole [m] argument (an ``outer`` operand), the same in every program."""
         if (x, "col") not in self.memo:
@@ -143,8 +147,8 @@ class _Emitter:
                 self.row_args.append(x)
             if (w := self.width(x)) is not None:  # a per-row vector: this program's row of it
                 c, cm = self.columns(w)
-                mask = f"m & {cm}" if self.flat else cm  # flat: rows past the count are masked too
-                return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + i * {w} + {c}, mask={mask}, other=0)")
+                at = f"i * {w} + {c}, mask={self.vector_mask(cm)}, other=0"
+                return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
             at = "i, mask=m, other=0" if self.flat else "i" if f == "s" else "offs, mask=m, other=0"
             return self.emit(f"{f}_{self.nm(x)}", f"tl.load({p} + {at})")
         n = self.nodes[x]
@@ -161,8 +165,7 @@ class _Emitter:
             return
         if (w := self.width(x)) is not None:
             c, cm = self.columns(w)
-            mask = f"m & {cm}" if self.flat else cm
-            self.lines.append(f"    tl.store({p} + i * {w} + {c}, {self.scalar(x)}, mask={mask})")
+            self.lines.append(f"    tl.store({p} + i * {w} + {c}, {self.scalar(x)}, mask={self.vector_mask(cm)})")
         elif n.type.shape == ():  # a batch-wide scalar: every program has it, one stores it
             self.lines.append(f"    if i == 0:\n        tl.store({p}, {self.scalar(x)})")
         else:
