@@ -379,7 +379,7 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     be.add_argument("--page-size", type=positive, default=1, help="with --e2e-layers and flashattention: the pool's "
                     "page size, 16 or more (FlashInfer's XQA reads the page table)")
-    be.add_argument("--e2e-layers", type=int, default=0, metavar="N",
+    be.add_argument("--e2e-layers", type=positive, default=None, metavar="N",
                     help="instead: a decode loop of N layers of real attention per step, wall time, attnmeta vs "
                          "the eager metadata path (GPU)")
     be.set_defaults(fn=cmd_bench)

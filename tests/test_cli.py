@@ -258,9 +258,12 @@ def test_bench_measures_the_wrapped_backends(capsys, backend):
 @pytest.mark.parametrize(("args", "says"), [
     (["--iters", "0"], "argument --iters: must be at least 1, got 0"),
     (["--sizes", "-1"], "argument --sizes: must be at least 1, got -1"),
+    (["--e2e-layers", "-1"], "argument --e2e-layers: must be at least 1, got -1"),  # ran the plain bench
+    (["--e2e-layers", "0"], "argument --e2e-layers: must be at least 1, got 0"),
 ])
 def test_bench_counts_below_one_are_one_line_naming_the_flag(capsys, args, says):
-    """Was a StatisticsError traceback (--iters 0) or an error about max_bs (--sizes -1)."""
+    """Was a StatisticsError traceback (--iters 0), an error about max_bs (--sizes -1), or the plain bench run
+    as if the flag were absent (--e2e-layers 0 or -1)."""
     with pytest.raises(SystemExit) as e:
         main(["bench", "--backend", "triton", "--device", "cpu", *args])
     err = capsys.readouterr().err
