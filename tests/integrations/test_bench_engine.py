@@ -106,3 +106,36 @@ def test_the_command_runs_as_a_user_types_it(tmp_path):
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "1b/flashinfer/eagle-topk4 attnmeta_flashinfer attention=attnmeta_flashinfer" in p.stdout
+
+
+def test_a_run_discards_one_warm_up_engine_first_then_each_order_once_and_resumes(monkeypatch, tmp_path, capsys):
+    """A fresh machine's first engine ran slower than the same engine later: a run starts one short engine and
+    throws it away, then the four engines of each cell in order; a second run over the same file starts none."""
+    import subprocess
+
+    import torch
+
+    started = []
+
+    def fake(cmd, **kw):
+        root, shape, backend, topk, tokens, reps = json.loads(cmd[-1])
+        started.append((backend, tokens, reps))
+        doc = _run({"1": 2.0 if backend.startswith("attnmeta") else 3.0})
+        return subprocess.CompletedProcess(cmd, 0, stdout="log line\n" + json.dumps(doc) + "\n", stderr="")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a test GPU")
+    monkeypatch.setattr(subprocess, "run", fake)
+    out = tmp_path / "r.json"
+    assert BENCH["main"](["run", "--shapes", "1b", "--kinds", "triton", "--topk", "0", "--json", str(out)]) == 0
+    assert started == [("triton", 16, 1), ("triton", 128, 3), ("attnmeta_triton", 128, 3),
+                       ("attnmeta_triton", 128, 3), ("triton", 128, 3)]
+    saved = json.load(open(out))
+    assert sorted(saved["1b/triton/decode"]) == ["attnmeta_triton#1", "attnmeta_triton#2", "triton#1", "triton#2"]
+    assert "| 1b/triton/decode | 1 | 3.000 | 2.000 | 0.667" in capsys.readouterr().out
+    started.clear()
+    assert BENCH["main"](["run", "--shapes", "1b", "--kinds", "triton", "--topk", "0", "--json", str(out)]) == 0
+    assert started == []  # all measured: no engine, not even the warm-up
+    assert BENCH["main"](["run", "--shapes", "1b", "--kinds", "fa3", "--topk", "0", "--json", str(out),
+                          "--no-warmup"]) == 0
+    assert [b for b, *_ in started] == ["fa3", "attnmeta_fa3", "attnmeta_fa3", "fa3"]
