@@ -5,7 +5,8 @@
 #   run(command="bash tools/h200.sh bash tools/h200_verify.sh tier engine", carry=[".whl", ".sgl"])
 #
 # Stages (each writes its log under $OUT, else /tmp/attnmeta-verify, and prints a summary line):
-#   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu; FlashInfer MLA included), about 3 minutes
+#   tier      the GPU tier without the SGLang tests (pytest -m cuda tests/gpu; FlashInfer MLA included), about 3
+#             minutes on a warm H200, 9.5 on a fresh H100 (2026-12-08): give it a call of its own
 #   engine    SGLang's real engine, every case, four at a time (tests/gpu/test_sglang_engine.py), about 4
 #   sglang    attnmeta_flashinfer beside SGLang's own FlashInfer backend (test_sglang_flashinfer.py), about 3
 #   sanitize  compute-sanitizer memcheck over the GPU tier, file by file (more than one call: pass test files
