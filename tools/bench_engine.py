@@ -163,7 +163,7 @@ def run(args) -> int:
                 # A fresh machine's first engine ran 6-14% slower a step than the same engine started later (its
                 # start also compiled the kernels' caches): that would weigh on whichever side goes first. One
                 # engine, short, thrown away, before the first that counts.
-                warm = not args.warmup
+                warm = True
                 got = _serve([root, shape, backend, topk, min(args.tokens, 16), 1])
                 print("warm-up engine", backend, "(discarded)", got.get("error", "")[-300:], flush=True)
             done[key] = _serve([root, shape, backend, topk, args.tokens, args.reps])
