@@ -55,3 +55,73 @@ def lighter_interpreter() -> None:
             interpreter._patch_attr(pkg, name, member, builder, scope)
 
     interpreter._patch_builtin = patch_builtin
+    _lazy_tuple_types()
+    _light_block_types()
+
+
+def _light_block_types() -> None:
+    """A block type is made for nearly every value a kernel computes; its constructor checks the shape (powers of
+    two, under Triton's limit) and formats its name each time. The check's result is kept per shape (a shape it
+    refuses is refused as before, every time) and the name formatted when first read."""
+    bt = tl.core.block_type
+    if hasattr(bt.__init__, "original"):
+        return
+    from triton._utils import validate_block_shape
+
+    original, numels = bt.__init__, {}
+
+    def init(self, element_ty, shape):
+        self.element_ty = element_ty
+        assert isinstance(shape, (list, tl.core.tuple))  # Triton's check: core.py's ``tuple`` is its own class
+        dims = tuple(tl.core._unwrap_shape(shape))
+        self.shape = tl.core.tuple(dims)  # Triton's own tuple, as its constructor makes (core.py shadows the name)
+        if not dims:
+            raise TypeError("0d block_type is forbidden")
+        numel = numels.get(dims)
+        if numel is None:
+            numel = numels[dims] = validate_block_shape(dims)
+        self.numel = numel
+        self._name = None
+
+    def get_name(self):
+        if self._name is None:
+            self._name = f"<{self.shape}, {self.element_ty}>"
+        return self._name
+
+    def set_name(self, value):
+        self._name = value
+
+    init.original = original
+    bt.__init__ = init
+    bt.name = property(get_name, set_name)
+
+
+def _lazy_tuple_types() -> None:
+    """Every tensor the interpreter makes carries its shape as a ``tl.tuple``, whose constructor builds the
+    tuple's type (a ``constexpr_type`` per dimension, names and all): millions of times a test file, read almost
+    never (a third of the interpreter's time in the engine-modes tests). The type is built when first read
+    instead, from the same values (the one mutator, ``_setitem``, reads it and sets a new one, as before)."""
+    tup = tl.core.tuple
+    if isinstance(vars(tup).get("type"), property):
+        return  # patched already
+
+    def init(self, args, type=None):
+        self.values = list(args)
+        if isinstance(type, tl.core.tuple_type):
+            self._type = type
+        elif type is not None:  # a list of types (Triton's deserialization)
+            self._type = tl.core.tuple_type(type)
+        else:
+            self._type = None
+
+    def get_type(self):
+        if self._type is None:
+            self._type = tl.core._type_for_tuple_values(self.values)
+        return self._type
+
+    def set_type(self, value):
+        self._type = value
+
+    init.original = tup.__init__
+    tup.__init__ = init
+    tup.type = property(get_type, set_type)
