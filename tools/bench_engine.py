@@ -16,7 +16,7 @@ at batches 1 and 8. Per batch: the median over ``--reps`` of a prefill-only requ
 ``--tokens``-token decode; the decode step (or EAGLE round) is their difference over the steps (rounds) between.
 A ``run`` adds to its ``--json`` file, so a run cut short by the device's limit is resumed by the same command.
 Each ``run`` first starts one short engine and discards it (``--no-warmup``: not): a fresh machine's first engine
-was measured 6-14% slower a step than the same engine started later.
+was measured 10-20% slower a step than the same engine started later.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def run(args) -> int:
             if key in done and "error" not in done[key]:
                 continue
             if not warm:
-                # A fresh machine's first engine ran 6-14% slower a step than the same engine started later (its
+                # A fresh machine's first engine ran 10-20% slower a step than the same engine started later (its
                 # start also compiled the kernels' caches): that would weigh on whichever side goes first. One
                 # engine, short, thrown away, before the first that counts.
                 warm = True
