@@ -83,17 +83,20 @@ def _light_block_types() -> None:
         self.numel = numel
         self._name = None
 
-    def get_name(self):
-        if self._name is None:
-            self._name = f"<{self.shape}, {self.element_ty}>"
-        return self._name
-
-    def set_name(self, value):
-        self._name = value
-
     init.original = original
     bt.__init__ = init
-    bt.name = property(get_name, set_name)
+    bt.name = _when_read("_name", lambda self: f"<{self.shape}, {self.element_ty}>")
+
+
+def _when_read(slot: str, make) -> property:
+    """An attribute kept in ``slot``, made by ``make(self)`` when first read while it is None; set as before."""
+
+    def get(self):
+        if getattr(self, slot) is None:
+            setattr(self, slot, make(self))
+        return getattr(self, slot)
+
+    return property(get, lambda self, value: setattr(self, slot, value))
 
 
 def _lazy_tuple_types() -> None:
@@ -114,14 +117,6 @@ def _lazy_tuple_types() -> None:
         else:
             self._type = None
 
-    def get_type(self):
-        if self._type is None:
-            self._type = tl.core._type_for_tuple_values(self.values)
-        return self._type
-
-    def set_type(self, value):
-        self._type = value
-
     init.original = tup.__init__
     tup.__init__ = init
-    tup.type = property(get_type, set_type)
+    tup.type = _when_read("_type", lambda self: tl.core._type_for_tuple_values(self.values))

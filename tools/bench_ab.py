@@ -40,6 +40,11 @@ def pack(ref: str) -> int:
     return 0
 
 
+def _install(tree: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
+                   cwd=tree, check=True, capture_output=True)
+
+
 def run(bench_args: list[str]) -> int:
     out = os.environ.get("OUT") or "/tmp/attnmeta-ab"
     os.makedirs(out, exist_ok=True)
@@ -51,8 +56,7 @@ def run(bench_args: list[str]) -> int:
         t.extractall(tree["ref"], filter="data")
     failed = False
     for n, side in enumerate(ORDER):
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
-                       cwd=tree[side], check=True, capture_output=True)
+        _install(tree[side])
         where = subprocess.run([sys.executable, "-c", "import attnmeta.compiler as c; print(c.__file__)"],
                                capture_output=True, text=True, check=True).stdout.strip()
         if not where.startswith(tree[side]):
@@ -67,8 +71,7 @@ def run(bench_args: list[str]) -> int:
             tail = open(os.path.join(out, f"{name}.log")).read().splitlines()[-8:]
             print(f"== {name} exited {rc}:", *tail, sep="\n  ", flush=True)
             failed = True
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."],
-                   cwd=ROOT, check=True, capture_output=True)  # the machine as it was: this tree installed
+    _install(ROOT)  # the machine as it was: this tree installed
     print(compare(out))
     return 1 if failed else 0
 
